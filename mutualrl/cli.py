@@ -17,6 +17,7 @@ from mutualrl.errors import UserError
 _COMMANDS: list[tuple[str, str]] = [
     ("mutualrl.commands", "register"),
     ("mutualrl.thl.cli", "register"),
+    ("mutualrl.realmodels", "register"),
 ]
 
 
