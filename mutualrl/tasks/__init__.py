@@ -1,0 +1,18 @@
+"""Verifiable tasks: reasoning-gym datasets, user JSONL/Parquet files and custom rewards."""
+
+from mutualrl.tasks.base import (
+    SUCCESS_THRESHOLD,
+    Problem,
+    Source,
+    Task,
+    extract_answer,
+    problem_id,
+)
+from mutualrl.tasks.gym import GymSource, available_datasets, check_dataset
+from mutualrl.tasks.jsonl import FileSource
+from mutualrl.tasks.rewards import load_reward_function
+
+__all__ = [
+    "SUCCESS_THRESHOLD", "Problem", "Source", "Task", "extract_answer", "problem_id",
+    "GymSource", "available_datasets", "check_dataset", "FileSource", "load_reward_function",
+]

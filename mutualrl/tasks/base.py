@@ -1,0 +1,221 @@
+"""Problems, task sources and the mixture task that samples from them.
+
+A *source* yields problems of one type (one reasoning-gym dataset with one config, or one user
+file). A :class:`Task` is a weighted mixture of sources with disjoint train/test splits, one
+verifier per source, and optional extra reward functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+SUCCESS_THRESHOLD = 0.999
+"""A completion counts as a *success* (accuracy, SGT) when its verifier score reaches this."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One verifiable question.
+
+    ``id`` is stable across processes and policies (it is the key experience is shared under):
+    ``<source>/<12 hex chars of sha1(question)>``.
+    """
+
+    id: str
+    question: str
+    answer: str
+    source: str
+    entry: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+def problem_id(source: str, question: str) -> str:
+    """The stable id of ``question`` in ``source``."""
+    return f"{source}/{hashlib.sha1(question.encode('utf-8')).hexdigest()[:12]}"
+
+
+class Source(Protocol):
+    """A stream of problems of one type with its own verifier."""
+
+    name: str
+
+    def generate(self, split: str, n: int, seed: int) -> list[Problem]:
+        """Up to ``n`` distinct problems for ``split`` ('train' or 'test'), deterministic in seed."""
+        ...
+
+    def score(self, problem: Problem, answer: str | None) -> float:
+        """Verifier score in [0, 1] of an extracted answer."""
+        ...
+
+
+# ----------------------------------------------------------------------------- answer extraction
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def extract_answer(text: str, mode: str = "first_line") -> str | None:
+    """Pull the answer out of a completion.
+
+    Modes: ``first_line`` (strip, first non-empty line), ``last_number`` (last integer/decimal),
+    ``boxed`` (content of the last ``\\boxed{...}``), ``regex:<pattern>`` (group 1, or the whole
+    match), ``raw`` (the stripped text).
+    """
+    if mode == "raw":
+        return text.strip()
+    if mode == "first_line":
+        for line in text.strip().splitlines():
+            if line.strip():
+                return line.strip()
+        return ""
+    if mode == "last_number":
+        nums = _NUMBER.findall(text.replace(",", ""))
+        return nums[-1] if nums else None
+    if mode == "boxed":
+        found = _BOXED.findall(text)
+        return found[-1].strip() if found else None
+    if mode.startswith("regex:"):
+        m = None
+        for m in re.finditer(mode[len("regex:"):], text):
+            pass
+        if m is None:
+            return None
+        return (m.group(1) if m.groups() else m.group(0)).strip()
+    raise ValueError(f"unknown answer extraction mode {mode!r}")
+
+
+def validate_extraction_mode(mode: str) -> str | None:
+    """Return an error message if ``mode`` is not a valid extraction mode, else None."""
+    if mode in ("raw", "first_line", "last_number", "boxed"):
+        return None
+    if mode.startswith("regex:"):
+        try:
+            re.compile(mode[len("regex:"):])
+        except re.error as exc:
+            return f"invalid regular expression: {exc}"
+        return None
+    return "expected one of first_line, last_number, boxed, raw, regex:<pattern>"
+
+
+# ----------------------------------------------------------------------------- the mixture task
+@dataclass
+class RewardStats:
+    """Counters of reward-function failures (each failed completion got reward 0)."""
+
+    raised: int = 0
+    non_finite: int = 0
+    timed_out: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"reward_fn_raised": self.raised, "reward_fn_non_finite": self.non_finite,
+                "reward_fn_timed_out": self.timed_out}
+
+
+class Task:
+    """A weighted mixture of sources with disjoint train/test splits.
+
+    The test split of every source is generated first; training problems equal to a test
+    question are removed, so the splits are disjoint by question text.
+    """
+
+    reward_range: tuple[float, float] = (0.0, 1.0)
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        weights: Sequence[float],
+        *,
+        test_size: int = 1000,
+        train_size: int = 20000,
+        seed: int = 0,
+        answer_extraction: str = "first_line",
+        reward_functions: Sequence[Any] = (),
+        reward_timeout_s: float = 10.0,
+    ) -> None:
+        if len(sources) != len(weights) or not sources:
+            raise ValueError("need one weight per source and at least one source")
+        self.sources = list(sources)
+        total = float(sum(weights))
+        self.weights = [w / total for w in weights]
+        self.seed = seed
+        self.answer_extraction = answer_extraction
+        self.reward_functions = list(reward_functions)
+        self.reward_timeout_s = reward_timeout_s
+        self.reward_stats = RewardStats()
+        self.test: dict[str, list[Problem]] = {}
+        self.train: dict[str, list[Problem]] = {}
+        self._by_id: dict[str, Problem] = {}
+        for i, src in enumerate(self.sources):
+            n_test = max(1, round(test_size * self.weights[i]))
+            test = src.generate("test", n_test, seed * 1000 + 2 * i + 1)
+            test_q = {p.question for p in test}
+            n_train = max(1, round(train_size * self.weights[i]))
+            train = [p for p in src.generate("train", n_train, seed * 1000 + 2 * i + 2)
+                     if p.question not in test_q]
+            if not train:
+                raise ValueError(f"source {src.name!r} has no training problems left after removing "
+                                 "the test questions; use a larger problem space or a smaller test_size")
+            self.test[src.name] = test
+            self.train[src.name] = train
+            for p in test + train:
+                self._by_id[p.id] = p
+
+    # -- problems
+    @property
+    def source_names(self) -> list[str]:
+        return [s.name for s in self.sources]
+
+    def problems(self, split: str = "test", n: int | None = None) -> list[Problem]:
+        """All problems of ``split`` (sources interleaved in order), the first ``n`` if given."""
+        pools = self.test if split == "test" else self.train
+        out = [p for name in self.source_names for p in pools[name]]
+        return out if n is None else out[:n]
+
+    def sample_train(self, step: int, n: int) -> list[Problem]:
+        """The training batch for ``step``: deterministic in (seed, step), so resume needs no state."""
+        rng = random.Random(f"{self.seed}:{step}")
+        names = rng.choices(self.source_names, weights=self.weights, k=n)
+        return [rng.choice(self.train[name]) for name in names]
+
+    def get(self, prompt_id: str) -> Problem | None:
+        """The problem with this id, or None (unknown prompt ids from peers are refused)."""
+        return self._by_id.get(prompt_id)
+
+    def known_ids(self) -> set[str]:
+        return set(self._by_id)
+
+    # -- rewards
+    def _source(self, problem: Problem) -> Source:
+        for s in self.sources:
+            if s.name == problem.source:
+                return s
+        raise KeyError(problem.source)
+
+    def verify(self, problem: Problem, completion: str) -> float:
+        """The verifier's score of ``completion`` for ``problem`` in [0, 1]."""
+        answer = extract_answer(completion, self.answer_extraction)
+        score = float(self._source(problem).score(problem, answer))
+        return score if math.isfinite(score) else 0.0
+
+    def is_success(self, score: float) -> bool:
+        return score >= SUCCESS_THRESHOLD
+
+    def rewards(self, problems: Sequence[Problem], prompts: Sequence[str],
+                completions: Sequence[str]) -> tuple[list[float], list[float]]:
+        """(rewards, verifier scores) for aligned lists. Reward = score + Σ extra reward functions."""
+        from mutualrl.tasks.rewards import call_reward_function
+
+        scores = [self.verify(p, c) for p, c in zip(problems, completions, strict=True)]
+        rewards = list(scores)
+        if self.reward_functions:
+            columns = {"answer": [p.answer for p in problems], "question": [p.question for p in problems],
+                       "source": [p.source for p in problems], "prompt_id": [p.id for p in problems]}
+            for fn in self.reward_functions:
+                extra = call_reward_function(fn, list(prompts), list(completions), columns,
+                                             self.reward_timeout_s, self.reward_stats)
+                rewards = [r + e for r, e in zip(rewards, extra, strict=True)]
+        return rewards, scores
