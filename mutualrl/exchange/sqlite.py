@@ -1,0 +1,241 @@
+"""``sqlite:///path`` — the embedded, durable default exchange.
+
+One table, one row per record:
+
+* ``seq`` (INTEGER PRIMARY KEY AUTOINCREMENT): the monotonically increasing position;
+* ``record_id`` (UNIQUE) + ``INSERT OR IGNORE``: idempotent publish, exactly once;
+* ``prompt_id, version`` index for the per-step query, ``version`` index for retention;
+* ``body``: the record's JSON (the same text as the wire format).
+
+The database runs in WAL mode; each publish batch is one ``BEGIN IMMEDIATE`` transaction, so a
+committed batch survives ``kill -9`` of the writer (and, with ``synchronous=full``, power loss),
+readers only ever see whole committed batches, and several writer processes take turns on the
+write lock (``busy_timeout``) instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from mutualrl.errors import UserError
+from mutualrl.exchange.base import Exchange, PublishResult, check_kinds
+from mutualrl.experience import DEFAULT_LIMITS, KINDS, ExperienceLimits, Record, from_stored
+
+DB_SCHEMA_VERSION = 1
+_SYNC_MODES = ("off", "normal", "full", "extra")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS experience (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    record_id TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,
+    prompt_id TEXT NOT NULL,
+    source_policy TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS experience_prompt_version ON experience(prompt_id, version);
+CREATE INDEX IF NOT EXISTS experience_version ON experience(version);
+"""
+
+_INSERT = (
+    "INSERT OR IGNORE INTO experience(record_id, kind, prompt_id, source_policy, version, body) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+
+
+class SQLiteExchange(Exchange):
+    """A durable exchange in one SQLite file; safe for several processes and threads.
+
+    Args:
+        path: database file (created with its parent directories if missing).
+        limits: validation limits for incoming records.
+        synchronous: SQLite ``synchronous`` mode; ``normal`` (default) survives process crashes,
+            ``full`` also survives power loss at some cost per batch.
+        busy_timeout_s: how long a writer waits for another writer's batch before failing.
+        retain_versions: when set, keep only the newest that many policy versions.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        limits: ExperienceLimits | None = None,
+        synchronous: str = "normal",
+        busy_timeout_s: float = 60.0,
+        retain_versions: int | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.limits = limits or DEFAULT_LIMITS
+        self.retain_versions = retain_versions
+        if synchronous not in _SYNC_MODES:
+            raise UserError(f"sqlite exchange: synchronous={synchronous!r}; use one of {_SYNC_MODES}")
+        self._lock = threading.Lock()
+        self._conn = self._open(synchronous, busy_timeout_s)
+
+    # -- setup -----------------------------------------------------------------------------
+    def _open(self, synchronous: str, busy_timeout_s: float) -> sqlite3.Connection:
+        path = self.path
+        if os.path.isdir(path):
+            raise UserError(f"exchange database {path!r} is a directory; give a file path such as "
+                            f"sqlite:///{os.path.join(path, 'exchange.db')}")
+        parent = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(parent, exist_ok=True)
+            conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None,
+                                   check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:
+            raise UserError(f"cannot open exchange database {path!r}: {exc}. Check that the directory "
+                            "exists and is writable, or choose another path.") from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise UserError(f"exchange database {path!r} cannot use WAL mode (got {mode!r}); "
+                                "put it on a local filesystem (not NFS) that supports shared memory.")
+            conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                have = conn.execute("PRAGMA user_version").fetchone()[0]
+                if have not in (0, DB_SCHEMA_VERSION):
+                    raise UserError(f"exchange database {path!r} has schema version {have}, this mutualrl "
+                                    f"uses {DB_SCHEMA_VERSION}; use a new file or an older mutualrl.")
+                for stmt in filter(str.strip, _SCHEMA.split(";")):
+                    conn.execute(stmt)
+                conn.execute(f"PRAGMA user_version = {DB_SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise UserError(f"exchange database {path!r} is locked by another process for longer than "
+                                f"{busy_timeout_s:.0f}s; stop the other run or use another path.") from exc
+            raise UserError(f"cannot open exchange database {path!r}: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise UserError(f"{path!r} is not a usable exchange database ({exc}); delete it or choose "
+                            "another path.") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    # -- writing ---------------------------------------------------------------------------
+    def _store(self, records: list[Record], rejected: dict[str, int]) -> PublishResult:
+        if not records:
+            return PublishResult(0, 0, rejected)
+        rows = [(r.record_id, r.kind, r.prompt_id, r.source_policy, r.version, r.to_json()) for r in records]
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                before = conn.total_changes
+                conn.executemany(_INSERT, rows)
+                accepted = conn.total_changes - before
+                if self.retain_versions is not None and accepted:
+                    conn.execute(
+                        "DELETE FROM experience WHERE version <= "
+                        "(SELECT MAX(version) FROM experience) - ?", (self.retain_versions,))
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        return PublishResult(accepted, len(rows) - accepted, rejected)
+
+    # -- reading ---------------------------------------------------------------------------
+    def query(
+        self,
+        prompt_ids: Sequence[str],
+        kinds: Iterable[str] | None = None,
+        exclude_source: str | None = None,
+        min_version: int | None = None,
+        limit: int | None = None,
+    ) -> list[Record]:
+        """See :meth:`Exchange.query`."""
+        return [from_stored(json.loads(b)) for b in self.query_bodies(
+            prompt_ids, kinds, exclude_source, min_version, limit)]
+
+    def query_bodies(
+        self,
+        prompt_ids: Sequence[str],
+        kinds: Iterable[str] | None = None,
+        exclude_source: str | None = None,
+        min_version: int | None = None,
+        limit: int | None = None,
+    ) -> list[str]:
+        """Like :meth:`query` but returns the stored JSON texts (used by the Ray backend)."""
+        ks = check_kinds(kinds)
+        pids = list(dict.fromkeys(prompt_ids))
+        if not pids or (limit is not None and limit <= 0):
+            return []
+        sql = [f"SELECT seq, body FROM experience WHERE prompt_id IN ({','.join('?' * len(pids))})"]
+        args: list[Any] = list(pids)
+        if min_version is not None:
+            sql.append("AND version >= ?")
+            args.append(int(min_version))
+        if exclude_source is not None:
+            sql.append("AND source_policy != ?")
+            args.append(exclude_source)
+        if len(ks) < len(KINDS):
+            sql.append(f"AND kind IN ({','.join('?' * len(ks))})")
+            args.extend(ks)
+        sql.append("ORDER BY seq DESC" if limit is not None else "ORDER BY seq")
+        if limit is not None:
+            sql.append("LIMIT ?")
+            args.append(int(limit))
+        with self._lock:
+            rows = self._conn.execute(" ".join(sql), args).fetchall()
+        if limit is not None:
+            rows.reverse()
+        return [b for _, b in rows]
+
+    def stats(self) -> dict[str, Any]:
+        """See :meth:`Exchange.stats`."""
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN")
+            try:
+                by_kind = dict.fromkeys(KINDS, 0)
+                for kind, n in conn.execute("SELECT kind, COUNT(*) FROM experience GROUP BY kind"):
+                    by_kind[kind] = n
+                lo, hi = conn.execute("SELECT MIN(version), MAX(version) FROM experience").fetchone()
+                seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'experience'").fetchone()
+            finally:
+                conn.execute("COMMIT")
+        return {
+            "backend": "sqlite",
+            "path": self.path,
+            "rows": sum(by_kind.values()),
+            "by_kind": by_kind,
+            "max_seq": int(seq[0]) if seq else 0,
+            "min_version": lo,
+            "max_version": hi,
+        }
+
+    # -- retention -------------------------------------------------------------------------
+    def _delete(self, where: str, arg: int) -> int:
+        with self._lock:
+            cur = self._conn.execute(f"DELETE FROM experience WHERE {where}", (int(arg),))
+            return cur.rowcount
+
+    def prune(self, older_than_version: int) -> int:
+        """See :meth:`Exchange.prune`."""
+        return self._delete("version < ?", older_than_version)
+
+    def discard_after(self, position: int) -> int:
+        """See :meth:`Exchange.discard_after`."""
+        return self._delete("seq > ?", position)
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None  # type: ignore[assignment]
