@@ -1,0 +1,103 @@
+"""From a :class:`TrainBatch` to one optimizer step: GRPO surrogate + PRP off-policy + SGT NLL."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mutualrl.algorithms.grpo import grpo_loss, sequence_nll
+from mutualrl.algorithms.sharing import TrainBatch, TrainRow
+from mutualrl.policy import Policy, pack_right, right_mask
+
+
+def _chunk_weights(rows: list[TrainRow], cur_logp: torch.Tensor, width: int, clip: float
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token truncated importance weights of peer rows from THL chunk log-ratios."""
+    w = torch.ones_like(cur_logp)
+    ratios: list[float] = []
+    for i, row in enumerate(rows):
+        if row.kind != "peer" or not row.peer_chunks:
+            continue
+        off = width - len(row.completion_ids)
+        for a, b, peer_sum in row.peer_chunks:
+            lr = float(cur_logp[i, off + a:off + b].sum()) - peer_sum
+            r = math.exp(min(lr, 50.0))
+            ratios.append(r)
+            w[i, off + a:off + b] = min(r, clip)
+    stats: dict[str, float] = {}
+    if ratios:
+        t = torch.tensor(ratios, dtype=torch.float64)
+        trunc = t.clamp(max=clip)
+        stats = {"prp_ratio_mean": float(t.mean()), "prp_ratio_max": float(t.max()),
+                 "prp_ratio_truncated_frac": float((t > clip).double().mean()),
+                 "prp_ess_frac": float(trunc.sum() ** 2 / (trunc.pow(2).sum() * len(ratios)).clamp(min=1e-12))}
+    return w, stats
+
+
+def train_on_batch(policy: Policy, batch: TrainBatch, *, prp_ratio_clip: float = 1.0) -> dict[str, float]:
+    """Run ``num_iterations`` optimizer steps on ``batch``; return loss statistics."""
+    opts = policy.options
+    rl_rows = [r for r in batch.rows if r.kind in ("own", "peer")]
+    rescue = [r for r in batch.rows if r.kind == "rescue"]
+    stats: dict[str, float] = {}
+    if not rl_rows and not rescue:
+        return {"loss": 0.0}
+    model = policy.model
+    model.train()
+    width = max(len(r.completion_ids) for r in batch.rows) if batch.rows else 1
+    width = max(width, 1)
+    if rl_rows:
+        lens = [len(r.completion_ids) for r in rl_rows]
+        mask = right_mask(lens, width).to(policy.device)
+        adv = torch.tensor([r.advantage for r in rl_rows], dtype=torch.float32, device=policy.device)
+        row_w = torch.tensor([r.weight for r in rl_rows], dtype=torch.float32, device=policy.device)
+        offpolicy = torch.tensor([r.kind == "peer" for r in rl_rows], device=policy.device)
+        old = pack_right([r.old_logprobs if r.old_logprobs is not None else [0.0] * len(r.completion_ids)
+                          for r in rl_rows], width).to(policy.device)
+        ref = None
+        if opts.beta > 0:
+            ref = policy.logprobs([r.prompt_ids for r in rl_rows], [r.completion_ids for r in rl_rows],
+                                  width, reference=True)
+        is_w = None
+        if bool(offpolicy.any()):
+            with torch.no_grad():
+                cur = policy.logprobs([r.prompt_ids for r in rl_rows], [r.completion_ids for r in rl_rows], width)
+            is_w, s = _chunk_weights(rl_rows, cur, width, prp_ratio_clip)
+            stats.update(s)
+    rescue_mask = None
+    if rescue:
+        rescue_mask = right_mask([len(r.completion_ids) for r in rescue], width).to(policy.device)
+    for it in range(opts.num_iterations):
+        policy.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=policy.device)
+        if rl_rows:
+            logp = policy.logprobs([r.prompt_ids for r in rl_rows], [r.completion_ids for r in rl_rows], width)
+            if it == 0 and not any(r.kind == "peer" for r in rl_rows):
+                with torch.no_grad():
+                    diff = (logp.detach() - old).abs() * mask
+                    stats["logprob_mismatch_max"] = float(diff.max())
+            out = grpo_loss(logp, old, adv, mask, epsilon=opts.epsilon, epsilon_high=opts.epsilon_high,
+                            beta=opts.beta, ref_logp=ref, loss_type=opts.loss_type,
+                            max_completion_length=opts.max_completion_length, is_weight=is_w,
+                            offpolicy=offpolicy, row_weight=row_w)
+            total = total + out.loss
+            stats.update({k: v for k, v in out.stats.items()})
+            stats["pg_loss"] = float(out.loss.detach())
+        if rescue:
+            lp = policy.logprobs([r.prompt_ids for r in rescue], [r.completion_ids for r in rescue], width)
+            nll = sequence_nll(lp, rescue_mask)
+            lam = torch.tensor([r.weight for r in rescue], device=policy.device)
+            # lambda-weighted mean NLL over rescue rows, scaled by the share of rescue rows in the batch
+            sgt = (lam * nll).sum() / max(1, len(rl_rows) // max(1, opts.num_generations))
+            total = total + sgt
+            stats["sgt_nll"] = float(nll.detach().mean())
+        if not total.requires_grad:
+            break
+        total.backward()
+        gn = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), opts.max_grad_norm)
+        stats["grad_norm"] = float(gn)
+        policy.optimizer.step()
+        stats["loss"] = float(total.detach())
+    policy.version += 1
+    return stats

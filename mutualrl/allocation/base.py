@@ -1,0 +1,82 @@
+"""The scheduler protocol: where policy workers live and how the controller calls them.
+
+A scheduler owns K :class:`~mutualrl.worker.PolicyWorker` instances (in this process, in
+subprocesses, or as Ray actors) and calls the same method on all of them for each phase of a
+step. Only JSON-able values cross the boundary (step numbers in, metric dicts out).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from mutualrl.config import RunConfig
+
+
+class WorkerFailed(RuntimeError):
+    """A policy worker died, hung past the timeout or raised; ``worker`` names it."""
+
+    def __init__(self, worker: str, message: str) -> None:
+        self.worker = worker
+        super().__init__(f"policy worker {worker!r} failed: {message}")
+
+
+class Scheduler(ABC):
+    """Runs the policy workers of one run."""
+
+    name: str = "base"
+
+    @abstractmethod
+    def start(self, cfg: RunConfig, run_dir: Path | None) -> list[dict[str, Any]]:
+        """Create the workers; return each worker's ``info()``."""
+
+    @abstractmethod
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """Call ``method(*args)`` on every worker (concurrently where possible), in policy order."""
+
+    def call_one(self, index: int, method: str, *args: Any) -> Any:
+        """Call ``method`` on one worker (default: via :meth:`call` semantics)."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+
+
+class SequentialScheduler(Scheduler):
+    """All workers in this process, called one after another (K = 1, ``--workers 1``, tests)."""
+
+    name = "sequential"
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = threads
+        self.workers: list[Any] = []
+
+    def start(self, cfg: RunConfig, run_dir: Path | None) -> list[dict[str, Any]]:
+        import torch
+
+        from mutualrl.worker import PolicyWorker
+
+        threads = self.threads or cfg.threads
+        if threads:
+            torch.set_num_threads(threads)
+        self.workers = [PolicyWorker(cfg, i, run_dir) for i in range(len(cfg.policies))]
+        return [w.info() for w in self.workers]
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        out = []
+        for w in self.workers:
+            try:
+                out.append(getattr(w, method)(*args))
+            except Exception as exc:  # name the worker; the trainer turns this into a clear stop
+                raise WorkerFailed(w.name, f"{type(exc).__name__}: {exc}") from exc
+        return out
+
+    def call_one(self, index: int, method: str, *args: Any) -> Any:
+        return getattr(self.workers[index], method)(*args)
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+        self.workers = []

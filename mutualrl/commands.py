@@ -1,0 +1,167 @@
+"""CLI subcommands for training: ``train``, ``eval``, ``demo``, ``compare``, ``tasks``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mutualrl.errors import UserError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train the policies of a config (one strategy)",
+                       description="Train the policies listed in CONFIG.yaml with GRPO and the configured "
+                       "sharing strategy. Writes a run directory: config.yaml, metrics.jsonl, checkpoints/, "
+                       "summary.json.")
+    p.add_argument("config", nargs="?", help="YAML run config (omit with --resume)")
+    p.add_argument("-o", "--output", help="run directory (default: runs/<config name>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last good checkpoint")
+    p.add_argument("--steps", type=int, help="override the number of steps")
+    p.add_argument("--strategy", help="override sharing.strategy (independent, prp, xgrpo, sgt, a+b)")
+    p.add_argument("--seed", type=int, help="override the seed")
+    p.add_argument("--scheduler", choices=["sequential", "local", "ray"], help="override the scheduler")
+    p.add_argument("--workers", type=int, choices=[1], help="--workers 1 runs every policy in this process")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate the last checkpoint of a run on its held-out test set")
+    p.add_argument("run_dir")
+    p.add_argument("--size", type=int, help="number of test problems (default: the run's eval_size)")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("demo", help="the embedded default end to end: zoo, four arms, report",
+                       description="Build (or reuse) the policy zoo, run independent / prp / xgrpo / sgt on the "
+                       "same seeds and prompts, and write report.md with figures.")
+    p.add_argument("-o", "--output", default="runs/demo", help="output directory (default runs/demo)")
+    p.add_argument("--quick", action="store_true", help="a smaller run (fewer steps and test problems)")
+    p.add_argument("--arms", default="independent,prp,xgrpo,sgt", help="comma-separated strategies")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds")
+    p.add_argument("--steps", type=int, help="override the number of steps")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output directory")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("compare", help="rebuild the comparison report from run directories")
+    p.add_argument("run_dirs", nargs="+")
+    p.add_argument("-o", "--output", default="report", help="output directory for report.md and figures")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("tasks", help="list reasoning-gym datasets usable as tasks")
+    p.add_argument("action", choices=["list"])
+    p.set_defaults(func=cmd_tasks)
+
+
+def _load(path: str, overrides: dict) -> "RunConfig":  # noqa: F821
+    from mutualrl.config import load_config
+
+    return load_config(path, overrides=overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from mutualrl.trainer import MutualTrainer
+
+    overrides: dict = {}
+    if args.steps is not None:
+        if args.steps < 1:
+            raise UserError(f"--steps must be a positive integer, got {args.steps}")
+        overrides["steps"] = args.steps
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    if args.scheduler:
+        overrides["scheduler"] = args.scheduler
+    if args.workers == 1:
+        overrides["scheduler"] = "sequential"
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise UserError(f"cannot resume: {str(run_dir)!r} is not a mutualrl run directory (no config.yaml)")
+        if args.config:
+            raise UserError("give either CONFIG or --resume RUN_DIR, not both (a resumed run keeps its config)")
+        import yaml
+
+        from mutualrl.config import load_config
+
+        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+        if "steps" in overrides:
+            data["steps"] = overrides["steps"]
+        cfg = load_config(data)
+        trainer = MutualTrainer(cfg, run_dir, resume=True, progress=not args.no_progress)
+    else:
+        if not args.config:
+            raise UserError("give a CONFIG.yaml to train (or --resume RUN_DIR)")
+        if args.strategy:
+            import yaml
+
+            p = Path(args.config)
+            if not p.is_file():
+                raise UserError(f"config file {args.config!r} does not exist")
+            data = yaml.safe_load(p.read_text()) or {}
+            data.setdefault("sharing", {})["strategy"] = args.strategy
+            from mutualrl.config import load_config
+
+            cfg = load_config(data, overrides=overrides)
+        else:
+            cfg = _load(args.config, overrides)
+        out = Path(args.output or cfg.output_dir or Path("runs") / Path(args.config).stem)
+        trainer = MutualTrainer(cfg, out, progress=not args.no_progress)
+    summary = trainer.train()
+    print(json.dumps(summary, indent=1))
+    print(f"run directory: {trainer.run_dir}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import yaml
+
+    from mutualrl.config import load_config
+    from mutualrl.trainer import latest_checkpoint
+    from mutualrl.worker import PolicyWorker
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"{str(run_dir)!r} is not a mutualrl run directory (no config.yaml)")
+    cfg = load_config(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    ck = latest_checkpoint(run_dir)
+    if ck is None:
+        raise UserError(f"run {str(run_dir)!r} has no complete checkpoint yet")
+    results = {}
+    for i, p in enumerate(cfg.policies):
+        w = PolicyWorker(cfg, i, None)
+        w.load(ck / p.name)
+        results[p.name] = w.evaluate(args.size)
+        w.close()
+    print(json.dumps({"checkpoint": str(ck), "results": results}, indent=1))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from mutualrl.demo import run_demo
+
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+    run_demo(Path(args.output), quick=args.quick, arms=arms, seeds=seeds, steps=args.steps, force=args.force)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from mutualrl.report import write_report
+
+    dirs = [Path(d) for d in args.run_dirs]
+    for d in dirs:
+        if not (d / "metrics.jsonl").is_file():
+            raise UserError(f"{str(d)!r} is not a run directory with metrics.jsonl")
+    path = write_report(dirs, Path(args.output))
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from mutualrl.tasks import available_datasets
+
+    for name in available_datasets():
+        sys.stdout.write(name + "\n")
+    return 0
