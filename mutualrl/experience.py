@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import struct
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -115,7 +116,18 @@ DEFAULT_LIMITS = ExperienceLimits()
 
 
 def _canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """Canonical JSON: compact, sorted keys, ASCII-escaped, no NaN/inf."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def pack_array(values: Any, typecode: str) -> bytes:
+    """Little-endian packed ``values`` (``typecode`` ``q``: int64, ``d``: float64)."""
+    return struct.pack(f"<{len(values)}{typecode}", *values)
+
+
+def unpack_array(data: bytes, typecode: str) -> tuple:
+    """Inverse of :func:`pack_array`."""
+    return struct.unpack(f"<{len(data) // 8}{typecode}", data)
 
 
 class _RecordBase:
@@ -123,27 +135,46 @@ class _RecordBase:
 
     kind: ClassVar[str]
     SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
-    _NON_CONTENT: ClassVar[frozenset[str]] = frozenset({"created_at"})
+    ARRAY_FIELDS: ClassVar[dict[str, str]] = {}  # numeric list fields -> array typecode
+    # Filled in by _register(): field names in order, and the non-array (scalar) ones.
+    FIELD_NAMES: ClassVar[tuple[str, ...]] = ()
+    SCALAR_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     def content(self) -> dict[str, Any]:
-        """The fields the ``record_id`` is derived from (everything but timestamps)."""
+        """The content fields (everything but ``created_at``), with ``kind`` and ``schema_version``."""
         out: dict[str, Any] = {"kind": self.kind, "schema_version": self.SCHEMA_VERSION}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            if f.name not in self._NON_CONTENT:
-                v = getattr(self, f.name)
-                out[f.name] = list(v) if isinstance(v, tuple) else v
+        for name in self.FIELD_NAMES:
+            if name != "created_at":
+                v = getattr(self, name)
+                out[name] = list(v) if name in self.ARRAY_FIELDS else v
         return out
 
     @cached_property
+    def packed_arrays(self) -> tuple[bytes, ...]:
+        """The numeric list fields (``ARRAY_FIELDS``) packed little-endian, in field order."""
+        return tuple(pack_array(getattr(self, n), c) for n, c in self.ARRAY_FIELDS.items())
+
+    @cached_property
     def record_id(self) -> str:
-        """sha256 hex digest of the canonical JSON of :meth:`content`."""
-        return hashlib.sha256(_canonical(self.content()).encode("utf-8")).hexdigest()
+        """Content-derived id: sha256 hex digest over the canonical content.
+
+        The digest covers the canonical JSON of ``[kind, schema_version, <content fields other
+        than the numeric lists, in field order>, <lengths of the numeric lists>]`` followed by
+        the numeric lists packed little-endian (int64 token ids, float64 otherwise).
+        ``created_at`` is not content, so re-publishing the same experience gives the same id.
+        """
+        head: list[Any] = [self.kind, self.SCHEMA_VERSION]
+        head.extend(getattr(self, n) for n in self.SCALAR_FIELDS if n != "created_at")
+        head.extend(len(getattr(self, n)) for n in self.ARRAY_FIELDS)
+        h = hashlib.sha256(_canonical(head).encode("ascii"))
+        for blob in self.packed_arrays:
+            h.update(blob)
+        return h.hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
-        """The wire dict: content fields, timestamps and ``record_id``."""
+        """The wire dict: content fields, ``created_at`` and ``record_id``."""
         d = self.content()
-        for name in self._NON_CONTENT:
-            d[name] = getattr(self, name)
+        d["created_at"] = self.created_at  # type: ignore[attr-defined]
         d["record_id"] = self.record_id
         return d
 
@@ -160,8 +191,41 @@ class _RecordBase:
         return msgpack.packb(self.to_dict(), use_bin_type=True)
 
 
+StoredRow = tuple[str, str, tuple, bytes]
+"""Storage form of a record: ``(kind, record_id, scalar field values, packed numeric lists)``."""
+
+
+def to_row(record: Record) -> StoredRow:
+    """The compact storage form of a (validated) record; inverse :func:`from_row`.
+
+    Scalars are kept as Python values (in ``SCALAR_FIELDS`` order) and the numeric lists are
+    packed little-endian, which stores and loads several times faster than numbers as JSON text.
+    """
+    scalars = tuple(getattr(record, n) for n in record.SCALAR_FIELDS)
+    return record.kind, record.record_id, scalars, b"".join(record.packed_arrays)
+
+
+def from_row(kind: str, record_id: str, scalars: Any, arrays: bytes) -> Record:
+    """Rebuild a record from :func:`to_row` output without validating it (trusted storage)."""
+    cls = RECORD_TYPES[kind]
+    d = dict(zip(cls.SCALAR_FIELDS, scalars))
+    if cls.ARRAY_FIELDS:
+        fields = list(cls.ARRAY_FIELDS.items())
+        if len(fields) == 1:
+            name, code = fields[0]
+            d[name] = unpack_array(arrays, code)
+        else:  # equal-length int64/float64 lists (token_ids, logprobs)
+            half = len(arrays) // len(fields)
+            for i, (name, code) in enumerate(fields):
+                d[name] = unpack_array(arrays[i * half:(i + 1) * half], code)
+    record = cls.__new__(cls)
+    record.__dict__.update(d)
+    record.__dict__["record_id"] = record_id
+    return record
+
+
 def _floats(xs: Any) -> tuple[float, ...]:
-    return tuple(float(x) for x in xs)
+    return tuple(map(float, xs))
 
 
 @dataclass(frozen=True)
@@ -175,6 +239,7 @@ class Rollout(_RecordBase):
     """
 
     kind: ClassVar[str] = "rollout"
+    ARRAY_FIELDS: ClassVar[dict[str, str]] = {"token_ids": "q", "logprobs": "d"}
     prompt_id: str
     prompt: str
     completion: str
@@ -199,6 +264,7 @@ class GroupOutcome(_RecordBase):
     """The rewards of one policy's whole group for a prompt (population mean and std)."""
 
     kind: ClassVar[str] = "group_outcome"
+    ARRAY_FIELDS: ClassVar[dict[str, str]] = {"rewards": "d"}
     prompt_id: str
     source_policy: str
     rewards: tuple[float, ...]
@@ -280,6 +346,8 @@ _LIST_FIELDS = {"rollout": {"token_ids": int, "logprobs": float}, "group_outcome
 def _check_text(name: str, s: str, cap: int) -> None:
     if len(s) > cap:
         raise InvalidExperience("too_large", f"{name} has {len(s)} chars (max {cap})")
+    if s.isascii():
+        return
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -345,8 +413,8 @@ def _validate_rollout(r: Rollout, limits: ExperienceLimits) -> None:
         raise InvalidExperience("length_mismatch", f"{n} token ids but {len(r.logprobs)} logprobs")
     _check_reward("reward", r.reward, limits)
     if n:
-        if not all(map(math.isfinite, r.logprobs)):
-            raise InvalidExperience("non_finite", "a logprob is NaN or infinite")
+        if not math.isfinite(sum(r.logprobs)):  # one fast pass; NaN/inf propagate
+            raise InvalidExperience("non_finite", "a logprob is NaN, infinite or overflows")
         if max(r.logprobs) > _LOGPROB_TOLERANCE:
             raise InvalidExperience("logprob_range", f"a logprob is positive ({max(r.logprobs)})")
         vocab = _MAX_TOKEN_ID + 1
@@ -494,11 +562,8 @@ def _check_types(kind: str, kw: dict[str, Any]) -> None:
             raise InvalidExperience("wrong_type", f"{name} must hold only {elem.__name__}s")
 
 
-def from_stored(d: dict[str, Any]) -> Record:
-    """Rebuild a record from a dict this library stored itself (no validation; trusted).
-
-    Exchanges use this on their own storage, which only ever holds validated records.
-    """
+def from_dict(d: Mapping[str, Any]) -> Record:
+    """Rebuild a record from a trusted :meth:`to_dict` (no validation; use :func:`parse` for peers)."""
     d = dict(d)
     kind = d.pop("kind")
     d.pop("schema_version", None)
@@ -507,3 +572,13 @@ def from_stored(d: dict[str, Any]) -> Record:
     if rid is not None:
         record.__dict__["record_id"] = rid
     return record
+
+
+def _register() -> None:
+    for cls in RECORD_TYPES.values():
+        names = tuple(f.name for f in dataclasses.fields(cls))
+        cls.FIELD_NAMES = names
+        cls.SCALAR_FIELDS = tuple(n for n in names if n not in cls.ARRAY_FIELDS)
+
+
+_register()

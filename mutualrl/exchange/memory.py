@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from mutualrl.exchange.base import Exchange, PublishResult, check_kinds
-from mutualrl.experience import DEFAULT_LIMITS, KINDS, ExperienceLimits, Record
+from mutualrl.experience import DEFAULT_LIMITS, KINDS, ExperienceLimits, Record, StoredRow, to_row
 
 
 class MemoryExchange(Exchange):
@@ -75,6 +75,17 @@ class MemoryExchange(Exchange):
         if limit is not None:
             out = out[-limit:] if limit > 0 else []
         return out
+
+    def query_stored(
+        self,
+        prompt_ids: Sequence[str],
+        kinds: Iterable[str] | None = None,
+        exclude_source: str | None = None,
+        min_version: int | None = None,
+        limit: int | None = None,
+    ) -> list[StoredRow]:
+        """Like :meth:`query` but in storage form (for the Ray backend)."""
+        return [to_row(r) for r in self.query(prompt_ids, kinds, exclude_source, min_version, limit)]
 
     def prune(self, older_than_version: int) -> int:
         """See :meth:`Exchange.prune`."""

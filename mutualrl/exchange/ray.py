@@ -3,8 +3,8 @@
 The actor holds an ordinary store (``memory://`` by default, or the ``store=`` URL, e.g.
 ``ray://see?store=sqlite:////data/see.db``) and serialises all access to it. Every process that
 opens ``ray://name`` in the same Ray cluster gets a handle to the same actor (get-or-create by
-name in the ``mutualrl`` namespace). Records travel as JSON text, never pickled objects, and the
-actor validates everything it is sent, so a buggy client cannot poison the store.
+name in the ``mutualrl`` namespace). Records travel as msgpack maps (or JSON text), never as
+pickled objects, and the actor validates everything it is sent, so a buggy client cannot poison the store.
 
 URL options: ``store=<url>`` (backing store), ``detached=1`` (outlive the creating driver),
 ``namespace=<ns>`` (default ``mutualrl``). The actor is pinned to the node that creates it, so a
@@ -24,8 +24,16 @@ from mutualrl.experience import (
     RECORD_TYPES,
     ExperienceLimits,
     Record,
-    from_stored,
+    StoredRow,
+    from_row,
 )
+
+try:
+    import msgpack  # noqa: F401  (a Ray dependency; faster than JSON for numeric lists)
+
+    _HAVE_MSGPACK = True
+except ImportError:  # pragma: no cover
+    _HAVE_MSGPACK = False
 
 ACTOR_PREFIX = "mutualrl-exchange:"
 DEFAULT_NAMESPACE = "mutualrl"
@@ -43,13 +51,10 @@ class ExchangeActor:
         """Parse, validate and store lines (see :meth:`Exchange.publish_json`)."""
         return self._ex.publish_json(lines).to_dict()
 
-    def query_bodies(self, prompt_ids: list[str], kinds: list[str] | None, exclude_source: str | None,
-                     min_version: int | None, limit: int | None) -> list[str]:
-        """Matching records as JSON texts."""
-        bodies = getattr(self._ex, "query_bodies", None)
-        if bodies is not None:
-            return bodies(prompt_ids, kinds, exclude_source, min_version, limit)
-        return [r.to_json() for r in self._ex.query(prompt_ids, kinds, exclude_source, min_version, limit)]
+    def query_stored(self, prompt_ids: list[str], kinds: list[str] | None, exclude_source: str | None,
+                     min_version: int | None, limit: int | None) -> list[StoredRow]:
+        """Matching records in storage form (plain strings, numbers and bytes)."""
+        return self._ex.query_stored(prompt_ids, kinds, exclude_source, min_version, limit)
 
     def prune(self, older_than_version: int) -> int:
         """See :meth:`Exchange.prune`."""
@@ -125,9 +130,9 @@ class RayExchange(Exchange):
             if not isinstance(r, tuple(RECORD_TYPES.values())):
                 raise TypeError(f"publish() takes experience records, got {type(r).__name__}")
             try:
-                lines.append(r.to_json())
-            except ValueError:  # NaN/inf cannot be written as JSON: count it like the actor would
-                lines.append('{"kind":"%s","schema_version":1,"x":NaN}' % r.kind)
+                lines.append(r.to_msgpack() if _HAVE_MSGPACK else r.to_json())
+            except (ValueError, OverflowError, TypeError):  # unencodable: the actor counts it
+                lines.append(b"\xc1")
         return PublishResult.from_dict(self._call("publish_lines", lines))
 
     def publish_json(self, lines: Iterable[str | bytes | dict]) -> PublishResult:
@@ -164,8 +169,8 @@ class RayExchange(Exchange):
     ) -> list[Record]:
         """See :meth:`Exchange.query`."""
         ks = list(check_kinds(kinds))
-        bodies = self._call("query_bodies", list(prompt_ids), ks, exclude_source, min_version, limit)
-        return [from_stored(json.loads(b)) for b in bodies]
+        rows = self._call("query_stored", list(prompt_ids), ks, exclude_source, min_version, limit)
+        return [from_row(*row) for row in rows]
 
     def prune(self, older_than_version: int) -> int:
         """See :meth:`Exchange.prune`."""
