@@ -44,7 +44,7 @@ REASONS: tuple[str, ...] = (
     "reward_range",  # reward / score outside ExperienceLimits.reward_range
     "logprob_range",  # a behavior log-prob > 0 (beyond a small tolerance)
     "token_range",  # a token id < 0 or >= the tokenizer's vocab size
-    "version_range",  # a negative policy version or timestamp
+    "version_range",  # a policy version / sample index / timestamp outside its range
     "length_mismatch",  # token_ids and logprobs of different lengths
     "too_large",  # over a size cap (record bytes, text chars, tokens, group size)
     "empty",  # an empty identifier or group
@@ -56,6 +56,7 @@ REASONS: tuple[str, ...] = (
 
 _LOGPROB_TOLERANCE = 1e-3
 _MAX_TOKEN_ID = 2**31 - 1
+_MAX_INT64 = 2**63 - 1
 
 
 class InvalidExperience(ValueError):
@@ -250,7 +251,7 @@ class Rollout(_RecordBase):
     reward: float
     version: int
     sample_index: int = 0
-    created_at: float = field(default_factory=time.time)
+    created_at: float = field(default_factory=time.time, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", tuple(self.token_ids))
@@ -271,7 +272,7 @@ class GroupOutcome(_RecordBase):
     mean: float
     std: float
     version: int
-    created_at: float = field(default_factory=time.time)
+    created_at: float = field(default_factory=time.time, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rewards", _floats(self.rewards))
@@ -299,7 +300,7 @@ class VerifiedSuccess(_RecordBase):
     verifier: str
     score: float
     version: int
-    created_at: float = field(default_factory=time.time)
+    created_at: float = field(default_factory=time.time, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", float(self.score))
@@ -388,8 +389,8 @@ def _validate(record: Record, limits: ExperienceLimits) -> None:
             _check_text(name, s, limits.max_id_chars)
         else:
             _check_text(name, s, limits.max_text_chars)
-    if record.version < 0:
-        raise InvalidExperience("version_range", f"version={record.version} is negative")
+    if not 0 <= record.version <= _MAX_INT64:
+        raise InvalidExperience("version_range", f"version={record.version} is outside [0, 2**63)")
     _check_finite("created_at", record.created_at)
     if record.created_at < 0:
         raise InvalidExperience("version_range", f"created_at={record.created_at} is negative")
@@ -404,8 +405,8 @@ def _validate(record: Record, limits: ExperienceLimits) -> None:
 
 
 def _validate_rollout(r: Rollout, limits: ExperienceLimits) -> None:
-    if r.sample_index < 0:
-        raise InvalidExperience("version_range", f"sample_index={r.sample_index} is negative")
+    if not 0 <= r.sample_index <= _MAX_INT64:
+        raise InvalidExperience("version_range", f"sample_index={r.sample_index} is outside [0, 2**63)")
     n = len(r.token_ids)
     if n > limits.max_tokens:
         raise InvalidExperience("too_large", f"{n} tokens (max {limits.max_tokens})")

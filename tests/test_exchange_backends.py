@@ -1,0 +1,171 @@
+"""Exchange semantics shared by the in-process backends (``memory://`` and ``sqlite://``)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from mutualrl.errors import UserError
+from mutualrl.exchange import Exchange, PublishResult, open_exchange
+from mutualrl.experience import ExperienceLimits, GroupOutcome, Rollout, VerifiedSuccess
+
+
+def rollout(pid: str = "p1", src: str = "A", version: int = 1, k: int = 0, reward: float = 1.0) -> Rollout:
+    return Rollout(pid, f"prompt {pid}", f"completion {k}", src, f"tok-{src}", [1, 2, 3], [-0.1, -0.2, -0.3],
+                   reward, version, sample_index=k)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def ex(request: pytest.FixtureRequest, tmp_path: Path) -> Exchange:
+    url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path}/see.db"
+    e = open_exchange(url)
+    yield e
+    e.close()
+
+
+def test_publish_is_idempotent_by_record_id(ex: Exchange) -> None:
+    rs = [rollout(k=k) for k in range(5)]
+    assert ex.publish(rs) == PublishResult(5, 0, {})
+    again = [rollout(k=k) for k in range(3, 7)]  # new objects, new timestamps, 2 already stored
+    assert ex.publish(again + again[:1]) == PublishResult(2, 3, {})
+    assert ex.stats()["rows"] == 7
+    assert sorted(r.sample_index for r in ex.query(["p1"])) == list(range(7))
+
+
+def test_publish_refuses_invalid_records_and_keeps_the_rest(ex: Exchange) -> None:
+    bad = Rollout("p1", "x", "y", "A", "t", [1], [-0.1, -0.2], 1.0, 1)
+    nan = Rollout("p1", "x", "y", "A", "t", [1], [float("nan")], 1.0, 1)
+    res = ex.publish([rollout(), bad, nan])
+    assert (res.accepted, res.rejected) == (1, 2)
+    assert res.rejected_by_reason == {"length_mismatch": 1, "non_finite": 1}
+    with pytest.raises(TypeError):
+        ex.publish([{"kind": "rollout"}])  # type: ignore[list-item]
+
+
+def test_publish_json_counts_bad_lines_by_reason(ex: Exchange) -> None:
+    good = [rollout(k=k).to_json() for k in range(3)]
+    lines = [good[0], "{oops", b"\xff\xfe", good[1], '{"kind": "nope"}', rollout(k=9).to_msgpack(), good[2],
+             good[0]]
+    res = ex.publish_json(lines)
+    assert res.accepted == 4 and res.duplicates == 1
+    assert res.rejected_by_reason == {"bad_encoding": 2, "unknown_kind": 1}
+    assert ex.stats()["rows"] == 4
+
+
+def test_query_filters(ex: Exchange) -> None:
+    ex.publish([rollout("p1", "A", 1), rollout("p1", "B", 1), rollout("p2", "B", 2), rollout("p3", "B", 3)])
+    ex.publish([GroupOutcome.from_rewards("p1", "B", [0.0, 1.0], 1),
+                VerifiedSuccess("p2", "42", "B", "exact", 1.0, 2)])
+    assert len(ex.query(["p1", "p2"])) == 5
+    peer = ex.query(["p1", "p2"], exclude_source="A")
+    assert {(r.kind, r.source_policy) for r in peer} == {("rollout", "B"), ("group_outcome", "B"),
+                                                          ("verified_success", "B")}
+    assert [r.kind for r in ex.query(["p1", "p2"], kinds=["group_outcome"])] == ["group_outcome"]
+    assert [r.kind for r in ex.query(["p2"], kinds="verified_success")] == ["verified_success"]
+    assert {r.prompt_id for r in ex.query(["p1", "p2", "p3"], min_version=2)} == {"p2", "p3"}
+    newest = ex.query(["p1", "p2", "p3"], limit=2)
+    assert [r.kind for r in newest] == ["group_outcome", "verified_success"]  # oldest first
+    assert ex.query(["p1"], limit=0) == [] and ex.query([]) == [] and ex.query(["nope"]) == []
+    with pytest.raises(ValueError):
+        ex.query(["p1"], kinds=["bogus"])
+    got = ex.query(["p1"], exclude_source="A", kinds=["rollout"])[0]
+    assert got == rollout("p1", "B", 1) and got.record_id == rollout("p1", "B", 1).record_id
+
+
+def test_position_prune_and_discard_after(ex: Exchange) -> None:
+    assert ex.stats()["max_seq"] == 0 and ex.position() == 0
+    ex.publish([rollout(version=v, k=0) for v in range(1, 4)])
+    pos = ex.position()
+    assert pos >= 3
+    ex.publish([rollout(version=v, k=1) for v in range(1, 4)])
+    assert ex.position() > pos
+    assert ex.discard_after(pos) == 3
+    assert ex.stats()["rows"] == 3
+    assert ex.prune(3) == 2
+    st = ex.stats()
+    assert (st["rows"], st["min_version"], st["max_version"]) == (1, 3, 3)
+    assert st["by_kind"] == {"rollout": 1, "group_outcome": 0, "verified_success": 0}
+    before = ex.position()
+    ex.publish([rollout(version=9)])
+    assert ex.position() > before  # positions never go back, even after deletes
+
+
+def test_retention_by_version(tmp_path: Path) -> None:
+    for url in ("memory://?retain_versions=2", f"sqlite:///{tmp_path}/r.db?retain_versions=2"):
+        with open_exchange(url) as ex:
+            for v in range(1, 6):
+                ex.publish([rollout(version=v)])
+            st = ex.stats()
+            assert (st["min_version"], st["max_version"], st["rows"]) == (4, 5, 2), url
+
+
+def test_limits_are_applied(tmp_path: Path) -> None:
+    limits = ExperienceLimits(reward_range=(0.0, 1.0), known_prompt_ids=frozenset({"p1"}))
+    with open_exchange(f"sqlite:///{tmp_path}/l.db", limits=limits) as ex:
+        res = ex.publish([rollout(), rollout("p9"), rollout(reward=2.0)])
+        assert res.accepted == 1 and res.rejected_by_reason == {"unknown_prompt": 1, "reward_range": 1}
+
+
+def test_sqlite_persists_across_reopen(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/sub/dir/see.db"  # parent directories are created
+    with open_exchange(url) as ex:
+        ex.publish([rollout(k=k) for k in range(4)])
+        pos = ex.position()
+    with open_exchange(url) as ex:
+        assert ex.stats()["rows"] == 4 and ex.position() == pos
+        assert ex.publish([rollout(k=0)]).duplicates == 1
+
+
+def test_named_memory_exchange_is_shared_in_process() -> None:
+    a, b = open_exchange("memory://shared-test"), open_exchange("memory://shared-test")
+    a.publish([rollout()])
+    assert b.stats()["rows"] == 1
+    assert open_exchange("memory://").stats()["rows"] == 0
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["", "see.db", "ftp://x", "sqlite://", "sqlite:///", "sqlite:///x.db?bogus=1", "sqlite:///x.db?synchronous=maybe",
+     "memory://?retain_versions=0", "sqlite:///x.db?retain_versions=abc", "ray://", "ray://a/b"],
+)
+def test_bad_urls_are_user_errors(url: str) -> None:
+    with pytest.raises(UserError):
+        open_exchange(url)
+
+
+def test_unopenable_databases_are_user_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="directory"):
+        open_exchange(f"sqlite:///{tmp_path}")
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(UserError, match="junk.db"):
+        open_exchange(f"sqlite:///{junk}")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(UserError, match="cannot open"):
+        open_exchange(f"sqlite:///{blocker}/see.db")
+
+
+def test_locked_database_is_a_user_error(tmp_path: Path) -> None:
+    path = tmp_path / "locked.db"
+    open_exchange(f"sqlite:///{path}").close()
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(UserError, match="locked") as exc:
+            open_exchange(f"sqlite:///{path}?busy_timeout_s=0.2")
+        assert str(path) in str(exc.value)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+
+
+def test_schema_version_mismatch_is_a_user_error(tmp_path: Path) -> None:
+    path = tmp_path / "future.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(UserError, match="schema version 99"):
+        open_exchange(f"sqlite:///{path}")
