@@ -41,17 +41,29 @@ BATCH = 256
 SEED = 0
 
 
+_POOL: dict[int, list[tuple[list[int], list[float]]]] = {}
+
+
+def _pool(tokens: int) -> list[tuple[list[int], list[float]]]:
+    """512 random (token ids, logprobs) traces, drawn once (drawing per rollout would dominate)."""
+    if tokens not in _POOL:
+        rng = random.Random(SEED)
+        _POOL[tokens] = [([rng.randrange(50_000) for _ in range(tokens)],
+                          [-rng.random() * 3 for _ in range(tokens)]) for _ in range(512)]
+    return _POOL[tokens]
+
+
 def step_records(step: int, tokens: int, rng: random.Random) -> list[Record]:
     """All records the two policies publish in one training step."""
     out: list[Record] = []
+    pool = _pool(tokens)
     pids = [f"q{(step * PROMPTS_PER_STEP + i) % DATASET}" for i in range(PROMPTS_PER_STEP)]
     for pol in POLICIES:
         for pid in pids:
             prompt = f"Problem {pid}: compute the value of the expression " + "x" * 120
             rewards = []
             for k in range(GROUP):
-                ids = [rng.randrange(50_000) for _ in range(tokens)]
-                lps = [-rng.random() * 3 for _ in range(tokens)]
+                ids, lps = pool[rng.randrange(len(pool))]
                 reward = float(rng.random() < 0.3)
                 rewards.append(reward)
                 out.append(Rollout(pid, prompt, "step " * (tokens // 2) + f"answer {k}", pol, f"tok-{pol}",
@@ -125,10 +137,19 @@ def measure(url: str, rows: int, tokens: int, queries: int) -> dict[str, Any]:
     }
 
 
+def cpu_calibration_us() -> float:
+    """Best-of-7 time of ``sum(range(1000))`` in µs: ~10 on an idle modern core. These machines
+    are shared, so this says how much CPU the run actually got."""
+    import timeit
+
+    return min(timeit.repeat("sum(range(1000))", number=2000, repeat=7)) / 2000 * 1e6
+
+
 def machine() -> dict[str, Any]:
-    """CPU count, torch threads, python and torch versions."""
+    """CPU count, torch threads, python and torch versions, load and a CPU-speed calibration."""
     info: dict[str, Any] = {"cpu_count": os.cpu_count(), "python": platform.python_version(),
-                            "platform": platform.platform()}
+                            "platform": platform.platform(), "loadavg_end": list(os.getloadavg()),
+                            "cpu_calibration_us": cpu_calibration_us()}
     try:
         import torch
 
@@ -168,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = args.rows or (20_000 if args.quick else 100_000)
     t_start = time.perf_counter()
+    calib_start, load_start = cpu_calibration_us(), list(os.getloadavg())
 
     ray_ok = not args.no_ray
     if ray_ok:
@@ -193,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
 
     big, small = result["by_rows"]
-    flat = lambda e: {  # noqa: E731
+    flat = lambda e: {
         "rows": e["sqlite"]["rows"],
         "publish_rows_per_s": e["sqlite"]["publish_rows_per_s"],
         "query_p50_ms": e["sqlite"]["query_p50_ms"],
@@ -209,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                     "dataset_prompts": DATASET, "queries": args.queries, "seed": SEED,
                     "sqlite_synchronous": "normal"}
     out["targets"] = {"publish_rows_per_s": ">= 20000", "query_p99_ms": "<= 20", "query_growth": "<= 2"}
-    out["machine"] = machine()
+    out["machine"] = {**machine(), "loadavg_start": load_start, "cpu_calibration_us_start": calib_start}
     out["quick"] = bool(args.quick)
     out["wall_s"] = time.perf_counter() - t_start
     out["git_rev"] = git_rev()

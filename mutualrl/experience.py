@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 SCHEMA_VERSION = 1
 """Current schema version of all record kinds. A record with another version is rejected."""
@@ -209,7 +209,9 @@ def to_row(record: Record) -> StoredRow:
 def from_row(kind: str, record_id: str, scalars: Any, arrays: bytes) -> Record:
     """Rebuild a record from :func:`to_row` output without validating it (trusted storage)."""
     cls = RECORD_TYPES[kind]
-    d = dict(zip(cls.SCALAR_FIELDS, scalars))
+    record = cls.__new__(cls)
+    d = record.__dict__
+    d.update(zip(cls.SCALAR_FIELDS, scalars))
     if cls.ARRAY_FIELDS:
         fields = list(cls.ARRAY_FIELDS.items())
         if len(fields) == 1:
@@ -219,9 +221,7 @@ def from_row(kind: str, record_id: str, scalars: Any, arrays: bytes) -> Record:
             half = len(arrays) // len(fields)
             for i, (name, code) in enumerate(fields):
                 d[name] = unpack_array(arrays[i * half:(i + 1) * half], code)
-    record = cls.__new__(cls)
-    record.__dict__.update(d)
-    record.__dict__["record_id"] = record_id
+    d["record_id"] = record_id
     return record
 
 
@@ -307,8 +307,8 @@ class VerifiedSuccess(_RecordBase):
         object.__setattr__(self, "created_at", float(self.created_at))
 
 
-Record = Union[Rollout, GroupOutcome, VerifiedSuccess]
-RECORD_TYPES: dict[str, type[Rollout] | type[GroupOutcome] | type[VerifiedSuccess]] = {
+Record = Rollout | GroupOutcome | VerifiedSuccess
+RECORD_TYPES: dict[str, type[Rollout | GroupOutcome | VerifiedSuccess]] = {
     "rollout": Rollout,
     "group_outcome": GroupOutcome,
     "verified_success": VerifiedSuccess,
@@ -494,6 +494,10 @@ def _decode_msgpack(raw: bytes) -> Any:
         raise InvalidExperience("bad_encoding", f"not valid msgpack ({type(exc).__name__})") from None
 
 
+_INT_TYPES = frozenset({int})
+_NUM_TYPES = frozenset({int, float})
+
+
 def _is_int(x: Any) -> bool:
     return type(x) is int
 
@@ -558,8 +562,8 @@ def _check_types(kind: str, kw: dict[str, Any]) -> None:
         v = kw[name]
         if not isinstance(v, list):
             raise InvalidExperience("wrong_type", f"{name} must be a list")
-        check = _is_int if elem is int else _is_num
-        if not all(map(check, v)):
+        allowed = _INT_TYPES if elem is int else _NUM_TYPES
+        if not allowed.issuperset(map(type, v)):  # exact types: bool is not an int here
             raise InvalidExperience("wrong_type", f"{name} must hold only {elem.__name__}s")
 
 

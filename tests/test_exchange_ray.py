@@ -10,8 +10,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from mutualrl.exchange import open_exchange  # noqa: E402
-from mutualrl.experience import GroupOutcome, Rollout  # noqa: E402
+from mutualrl.exchange import open_exchange
+from mutualrl.experience import GroupOutcome, Rollout
 
 BATCH = 40
 

@@ -134,8 +134,9 @@ def test_byte_mutations_are_parsed_or_rejected_with_a_reason(rec: object, data: 
 
 
 def _rollout(**kw: object) -> Rollout:
-    base = dict(prompt_id="p1", prompt="2+2?", completion="4", source_policy="A", source_tokenizer="tokA",
-                token_ids=[5, 6], logprobs=[-0.5, -0.1], reward=1.0, version=3, created_at=100.0)
+    base: dict[str, object] = {"prompt_id": "p1", "prompt": "2+2?", "completion": "4", "source_policy": "A",
+                               "source_tokenizer": "tokA", "token_ids": [5, 6], "logprobs": [-0.5, -0.1],
+                               "reward": 1.0, "version": 3, "created_at": 100.0}
     base.update(kw)
     return Rollout(**base)  # type: ignore[arg-type]
 

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from mutualrl.experience import (
     DEFAULT_LIMITS,
@@ -157,7 +157,7 @@ class Exchange(ABC):
     def close(self) -> None:
         """Release resources. The exchange must not be used afterwards."""
 
-    def __enter__(self) -> Exchange:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

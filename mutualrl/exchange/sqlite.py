@@ -36,6 +36,14 @@ from mutualrl.experience import (
     to_row,
 )
 
+try:  # crash-test hook: inert unless MUTUALRL_FAULT_POINT=publish:<n> is set
+    from mutualrl.faults import fault_point
+except ImportError:  # pragma: no cover - faults is optional
+
+    def fault_point(name: str) -> None:
+        """No fault injection available."""
+
+
 DB_SCHEMA_VERSION = 1
 _SYNC_MODES = ("off", "normal", "full", "extra")
 
@@ -63,6 +71,10 @@ _INSERT = (
 )
 _NSCALARS = {kind: len(cls.SCALAR_FIELDS) for kind, cls in RECORD_TYPES.items()}
 _SELECT = f"SELECT seq, kind, record_id, arrays, {', '.join(_VCOLS)} FROM experience"
+
+
+def _first(row: tuple) -> Any:
+    return row[0]
 
 
 class SQLiteExchange(Exchange):
@@ -159,6 +171,7 @@ class SQLiteExchange(Exchange):
                 before = conn.total_changes
                 conn.executemany(_INSERT, rows)
                 accepted = conn.total_changes - before
+                fault_point("publish")  # crash tests: die with the batch written but not committed
                 if self.retain_versions is not None and accepted:
                     conn.execute(
                         "DELETE FROM experience WHERE version <= "
@@ -206,14 +219,12 @@ class SQLiteExchange(Exchange):
         if len(ks) < len(KINDS):
             sql.append(f"AND kind IN ({','.join('?' * len(ks))})")
             args.extend(ks)
-        sql.append("ORDER BY seq DESC" if limit is not None else "ORDER BY seq")
         if limit is not None:
-            sql.append("LIMIT ?")
+            sql.append("ORDER BY seq DESC LIMIT ?")
             args.append(int(limit))
         with self._lock:
             rows = self._conn.execute(" ".join(sql), args).fetchall()
-        if limit is not None:
-            rows.reverse()
+        rows.sort(key=_first)  # by seq; cheaper here than SQLite's sorter copying whole rows
         out = []
         for row in rows:
             kind = row[1]
