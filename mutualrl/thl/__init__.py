@@ -5,7 +5,15 @@ per-token values) between two tokenizations through chunks of text both cover in
 measures what the alignment cannot preserve (the *residual*). See ``docs/thl.md``.
 """
 
-from mutualrl.thl.align import Alignment, Chunk, align, align_batch, align_encodings, align_encodings_batch
+from mutualrl.thl.align import (
+    Alignment,
+    Chunk,
+    align,
+    align_batch,
+    align_encodings,
+    align_encodings_batch,
+    project_batch,
+)
 from mutualrl.thl.residual import PairReport, Residual, lost_spans, pair_report
 from mutualrl.thl.retokenize import (
     Encoded,
@@ -35,4 +43,5 @@ __all__ = [
     "lost_spans",
     "offsets_by_decoding",
     "pair_report",
+    "project_batch",
 ]

@@ -25,7 +25,15 @@ import numpy as np
 from mutualrl.thl.residual import Residual, compute_residual
 from mutualrl.thl.retokenize import Encoded, backend_of, encode_batch
 
-__all__ = ["Alignment", "Chunk", "align", "align_batch", "align_encodings", "align_encodings_batch"]
+__all__ = [
+    "Alignment",
+    "Chunk",
+    "align",
+    "align_batch",
+    "align_encodings",
+    "align_encodings_batch",
+    "project_batch",
+]
 
 Side = Literal["source", "target"]
 
@@ -130,16 +138,16 @@ class Alignment:
 
         Each chunk's source sum is spread evenly over the chunk's target tokens, so every chunk
         sum (and the total) is preserved: use it for log-probs, whose chunk sums are the log-prob
-        of the chunk's text on either side. A chunk with no target token (only possible when the
-        target side has no token at all) cannot carry its sum; it is counted in
-        :attr:`Residual.unprojectable_chunks`.
+        of the chunk's text on either side. If the target side has no token at all (WordPiece on
+        pure whitespace), nothing can carry the sum: the result is empty and the chunk is counted
+        in :attr:`Residual.unprojectable_chunks`.
         """
         v = _as_values(values, len(self.source), "source")
-        sums = _chunk_sums(v, self.source_bounds, len(v))
-        counts = np.diff(self.target_bounds)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            per = sums / counts
-        return np.repeat(per, counts)
+        if not len(self.target):
+            return np.zeros(0, dtype=np.float64)
+        tb = self.target_bounds
+        counts = tb[1:] - tb[:-1]
+        return np.repeat(_chunk_sums(v, self.source_bounds, len(v)) / counts, counts)
 
     # ------------------------------------------------------------------ residual
     @property
@@ -188,18 +196,56 @@ def _chunk_sums(v: np.ndarray, bounds: np.ndarray, n: int) -> np.ndarray:
     k = len(bounds) - 1
     if k <= 0:
         return np.zeros(0, dtype=np.float64)
-    sizes = np.diff(bounds)
+    sizes = bounds[1:] - bounds[:-1]
     if n and sizes.min() > 0:
-        return np.add.reduceat(v, bounds[:-1] - bounds[0])
+        return np.add.reduceat(v, bounds[:-1])
     ids = np.repeat(np.arange(k), sizes)
     return np.bincount(ids, weights=v, minlength=k).astype(np.float64)
 
 
+def project_batch(alignments: Sequence[Alignment], values: Sequence[Sequence[float] | np.ndarray]) -> list[np.ndarray]:
+    """:meth:`Alignment.project` for many alignments at once (one vectorised pass).
+
+    ``values[i]`` holds one value per source token of ``alignments[i]``; returns one array per
+    alignment, exactly as ``[al.project(v) for al, v in zip(alignments, values)]`` would.
+    """
+    if len(alignments) != len(values):
+        raise ValueError(f"expected one values array per alignment ({len(alignments)}), got {len(values)}")
+    if not alignments:
+        return []
+    vs = [_as_values(v, len(al.source), "source") for al, v in zip(alignments, values)]
+    # alignments with an empty side (rare) take the one-by-one path
+    full = [bool(len(al.source) and len(al.target)) for al in alignments]
+    out: list[np.ndarray | None] = [None if f else al.project(v) for al, v, f in zip(alignments, vs, full)]
+    idx = [i for i, f in enumerate(full) if f]
+    if idx:
+        src_len = np.fromiter((len(vs[i]) for i in idx), dtype=np.int64, count=len(idx))
+        src_off = np.cumsum(src_len) - src_len
+        starts = np.concatenate([alignments[i].source_bounds[:-1] + o for i, o in zip(idx, src_off.tolist())])
+        tb = np.concatenate([alignments[i].target_bounds for i in idx])
+        nchunks = np.fromiter((alignments[i].n_chunks for i in idx), dtype=np.int64, count=len(idx))
+        counts = tb[1:] - tb[:-1]
+        # drop the differences that straddle two alignments
+        keep = np.ones(len(counts), dtype=bool)
+        keep[(np.cumsum(nchunks + 1) - 1)[:-1]] = False
+        counts = counts[keep]
+        flat = np.repeat(np.add.reduceat(np.concatenate([vs[i] for i in idx]), starts) / counts, counts)
+        tgt_len = np.fromiter((len(alignments[i].target) for i in idx), dtype=np.int64, count=len(idx))
+        for i, piece in zip(idx, np.split(flat, np.cumsum(tgt_len)[:-1])):
+            out[i] = piece
+    return out  # type: ignore[return-value]
+
+
 # ---------------------------------------------------------------------- the batch walk
 
-#: Positions are kept in units of 1/_SCALE character: a cut may fall after byte k (k < 4) of a
-#: character, where byte-level tokens split it; chunk character bounds round such cuts up.
-_SCALE = 4
+#: Positions are kept in units of 1/_SCALE character. Where byte-level tokens split a character,
+#: a cut after byte k (1..3) of it sits at sub-position k and the character goes to the chunk
+#: holding its first byte. Tokens that share a character for other reasons (a normaliser
+#: expanding it, a prepended SentencePiece space) are cut at sub-positions 4, 5, ... in order,
+#: which only another tokenizer splitting the same character the same way can match; such a
+#: character goes to the chunk of the last of those tokens.
+_SCALE = 8
+_BYTE_SUB = 4
 _BYTE_FALLBACK = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 # id(tokenizer) -> (tokenizer, per-id byte length or None); the tokenizer is kept alive for the id
 _BYTE_TABLES: dict[int, tuple[Any, np.ndarray | None]] = {}
@@ -238,7 +284,7 @@ def _offsets_flat(encs: Sequence[Encoded], counts: np.ndarray) -> tuple[np.ndarr
 def _split_char_cuts(
     texts: Sequence[str],
     encs: Sequence[Encoded],
-    table: np.ndarray,
+    table: np.ndarray | None,
     broken: np.ndarray,
     s: np.ndarray,
     ce: np.ndarray,
@@ -261,21 +307,43 @@ def _split_char_cuts(
         t = int(tok_text[i0])
         if int(tok_text[i1]) != t:
             continue
-        lo, hi = int(s[i0] - base[t]) // _SCALE, int(ce[i1] - base[t]) // _SCALE
-        ids = encs[t].ids[i0 - first_tok[t] : i1 - first_tok[t] + 1]
-        if max(ids) >= len(table):
+        if table is not None and _byte_cuts(texts[t], encs[t], table, i0, i1, first_tok[t], base[t], s, ce, pos):
+            valid[i0:i1] = True
             continue
-        nbytes = table[np.asarray(ids)]
-        char_bytes = [len(ch.encode("utf-8")) for ch in texts[t][lo:hi]]
-        if int(nbytes.sum()) != sum(char_bytes) or min(char_bytes, default=0) == 0:
-            continue
-        ends = np.cumsum(nbytes)[:-1]
-        char_end = np.cumsum(char_bytes)
-        ci = np.searchsorted(char_end, ends, side="right")  # characters completed before the cut
-        done = np.concatenate(([0], char_end))[ci]
-        sub = np.minimum(ends - done, _SCALE - 1)
-        pos[i0:i1] = base[t] + (lo + ci) * _SCALE + sub
+        # no byte accounting: keep sub-positions apart from byte cuts, one per token in order
+        for i in range(i0, i1):
+            char = (max(int(s[i + 1]), int(ce[i]) - _SCALE) // _SCALE) * _SCALE
+            pos[i] = char + _BYTE_SUB + min(i - i0, _SCALE - _BYTE_SUB - 1)
         valid[i0:i1] = True
+
+
+def _byte_cuts(
+    text: str,
+    enc: Encoded,
+    table: np.ndarray,
+    i0: int,
+    i1: int,
+    first: int,
+    base: int,
+    s: np.ndarray,
+    ce: np.ndarray,
+    pos: np.ndarray,
+) -> bool:
+    """Cut a run of tokens i0..i1 at the bytes where they end, if their byte lengths add up."""
+    lo, hi = int(s[i0] - base) // _SCALE, int(ce[i1] - base) // _SCALE
+    ids = enc.ids[i0 - first : i1 - first + 1]
+    if max(ids) >= len(table):
+        return False
+    nbytes = table[np.asarray(ids)]
+    char_bytes = [len(ch.encode("utf-8")) for ch in text[lo:hi]]
+    if int(nbytes.sum()) != sum(char_bytes) or not char_bytes or nbytes.min() <= 0:
+        return False
+    ends = np.cumsum(nbytes)[:-1]
+    char_end = np.cumsum(char_bytes)
+    ci = np.searchsorted(char_end, ends, side="right")  # characters completed before the cut
+    done = np.concatenate(([0], char_end))[ci]
+    pos[i0:i1] = base + (lo + ci) * _SCALE + (ends - done)
+    return True
 
 
 def _side_cuts(
@@ -307,12 +375,11 @@ def _side_cuts(
         has = counts > 0
         last = np.cumsum(counts)[has] - 1
         valid[last] = True
-        if tokenizer is not None and not valid.all():
-            table = _byte_table(tokenizer)
-            if table is not None:
-                first_tok = np.cumsum(counts) - counts
-                _split_char_cuts(texts, encs, table, np.nonzero(~valid)[0], s, ce, tok_text, first_tok,
-                                 base, pos, valid)
+        if not valid.all():
+            table = _byte_table(tokenizer) if tokenizer is not None else None
+            first_tok = np.cumsum(counts) - counts
+            _split_char_cuts(texts, encs, table, np.nonzero(~valid)[0], s, ce, tok_text, first_tok,
+                             base, pos, valid)
         pos[last] = ends_of_text[has]
         cnt = np.arange(1, n + 1, dtype=np.int64)[valid]
         pos = pos[valid]
@@ -383,8 +450,9 @@ def align_encodings_batch(
     end_i = stop + ar + 1
     text_of = np.repeat(ar, end_i - begin_i)
     gp -= base[text_of]
-    gp += _SCALE - 1
-    gp //= _SCALE  # a cut inside a character: the character goes to the chunk holding its first byte
+    sub = gp % _SCALE
+    gp //= _SCALE
+    gp += (sub > 0) & (sub < _BYTE_SUB)  # a byte cut: the character goes with its first byte
     ga -= before_a[text_of]
     gb -= before_b[text_of]
     b_list, e_list = begin_i.tolist(), end_i.tolist()
