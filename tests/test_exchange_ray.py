@@ -88,6 +88,8 @@ def test_memory_store_and_validation_over_the_wire(ray_cluster: None) -> None:
     res = ex.publish_json([g.to_dict(), {"kind": "rollout", "x": float("nan")}, b"\x00\x01", 5])
     assert res.duplicates == 1 and res.rejected == 3
     assert ex.query(["p1"]) == [g]
+    ex.close()  # drops this handle only: the actor and its memory store live on
     same = open_exchange("ray://see-mem")  # get-or-create: the same actor
     assert same.stats()["rows"] == 1 and same.stats()["backend"] == "memory"
-    ex.destroy()
+    same.destroy()
+    assert open_exchange("ray://see-mem").stats()["rows"] == 0  # destroy() ended it; this is new

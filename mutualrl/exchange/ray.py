@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover
     _HAVE_MSGPACK = False
 
 ACTOR_PREFIX = "mutualrl-exchange:"
+_KEEP: dict[tuple[str, str, str], Any] = {}  # (job, namespace, name) -> a handle kept alive here
 DEFAULT_NAMESPACE = "mutualrl"
 
 
@@ -119,6 +120,10 @@ class RayExchange(Exchange):
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
         ).remote(store_url, self.limits.to_dict())
         self._ray = ray
+        self._key = (ray.get_runtime_context().get_job_id(), namespace, name)
+        # Ray ends a non-detached actor once no handle to it is left; keep one per process so
+        # that close() + reopen does not lose a memory:// store. destroy() ends it for real.
+        _KEEP.setdefault(self._key, self._actor)
 
     def _call(self, method: str, *args: Any) -> Any:
         return self._ray.get(getattr(self._actor, method).remote(*args))
@@ -193,3 +198,4 @@ class RayExchange(Exchange):
         if self._actor is not None:
             self._ray.kill(self._actor)
             self._actor = None
+        _KEEP.pop(self._key, None)
