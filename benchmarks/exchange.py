@@ -75,36 +75,42 @@ def step_records(step: int, tokens: int, rng: random.Random) -> list[Record]:
 
 
 def fill(ex: Any, start_step: int, target_rollouts: int, have: int, tokens: int,
-         rng: random.Random) -> tuple[int, int, int, float]:
+         rng: random.Random) -> tuple[int, int, int, float, float]:
     """Publish steps until ``target_rollouts`` rollouts are stored.
 
-    Returns (next step, rollouts stored, records published, seconds spent inside publish).
+    Returns (next step, rollouts stored, records published, wall seconds and CPU seconds of
+    this process spent inside publish).
     """
-    step, published, spent = start_step, 0, 0.0
+    step, published, spent, cpu = start_step, 0, 0.0, 0.0
     while have < target_rollouts:
         recs = step_records(step, tokens, rng)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(0, len(recs), BATCH):
             res = ex.publish(recs[i:i + BATCH])
             assert res.accepted == len(recs[i:i + BATCH]), res
         spent += time.perf_counter() - t0
+        cpu += time.process_time() - c0
         published += len(recs)
         have += sum(1 for r in recs if r.kind == "rollout")
         step += 1
-    return step, have, published, spent
+    return step, have, published, spent, cpu
 
 
-def time_queries(ex: Any, steps: int, n: int, rng: random.Random) -> tuple[list[float], float]:
-    """Time ``n`` per-step queries on random past steps; returns (latencies in ms, mean rows)."""
-    lat, sizes = [], []
+def time_queries(ex: Any, steps: int, n: int, rng: random.Random) -> tuple[list[float], list[float], float]:
+    """Time ``n`` per-step queries on random past steps.
+
+    Returns (wall latencies in ms, this process's CPU ms per query, mean rows returned).
+    """
+    lat, cpu, sizes = [], [], []
     for _ in range(n):
         s = rng.randrange(steps)
         pids = [f"q{(s * PROMPTS_PER_STEP + i) % DATASET}" for i in range(PROMPTS_PER_STEP)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         rows = ex.query(pids, exclude_source="A")
         lat.append((time.perf_counter() - t0) * 1000)
+        cpu.append((time.process_time() - c0) * 1000)
         sizes.append(len(rows))
-    return lat, statistics.fmean(sizes)
+    return lat, cpu, statistics.fmean(sizes)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -118,9 +124,9 @@ def measure(url: str, rows: int, tokens: int, queries: int) -> dict[str, Any]:
     rng = random.Random(SEED)
     ex = open_exchange(url)
     try:
-        steps, have, published, spent = fill(ex, 0, rows, 0, tokens, rng)
+        steps, have, published, spent, cpu = fill(ex, 0, rows, 0, tokens, rng)
         ex.query([f"q{i}" for i in range(PROMPTS_PER_STEP)], exclude_source="A")  # warm-up
-        lat, mean_rows = time_queries(ex, steps, queries, rng)
+        lat, qcpu, mean_rows = time_queries(ex, steps, queries, rng)
         stats = ex.stats()
     finally:
         destroy = getattr(ex, "destroy", None)
@@ -134,6 +140,10 @@ def measure(url: str, rows: int, tokens: int, queries: int) -> dict[str, Any]:
         "query_p50_ms": pct(lat, 0.5),
         "query_p99_ms": pct(lat, 0.99),
         "query_rows_returned": mean_rows,
+        # CPU time of this process (for ray:// most work is in the actor, so these undercount)
+        "publish_rows_per_cpu_s": published / cpu if cpu > 0 else None,
+        "query_cpu_p50_ms": pct(qcpu, 0.5),
+        "query_cpu_p99_ms": pct(qcpu, 0.99),
     }
 
 
@@ -220,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         "publish_rows_per_s": e["sqlite"]["publish_rows_per_s"],
         "query_p50_ms": e["sqlite"]["query_p50_ms"],
         "query_p99_ms": e["sqlite"]["query_p99_ms"],
+        "publish_rows_per_cpu_s": e["sqlite"]["publish_rows_per_cpu_s"],
+        "query_cpu_p50_ms": e["sqlite"]["query_cpu_p50_ms"],
+        "query_cpu_p99_ms": e["sqlite"]["query_cpu_p99_ms"],
         "ray_publish_rows_per_s": e["ray"]["publish_rows_per_s"] if "ray" in e else None,
         "ray_query_p99_ms": e["ray"]["query_p99_ms"] if "ray" in e else None,
     }
@@ -236,14 +249,18 @@ def main(argv: list[str] | None = None) -> int:
     out["wall_s"] = time.perf_counter() - t_start
     out["git_rev"] = git_rev()
 
-    print(f"{'backend':8} {'rollouts':>9} {'publish rows/s':>15} {'query p50 ms':>13} {'query p99 ms':>13}"
-          f" {'rows/query':>11}")
+    print(f"{'backend':8} {'rollouts':>9} {'publish rows/s':>15} {'(per CPU-s)':>12} {'query p50 ms':>13}"
+          f" {'query p99 ms':>13} {'(CPU p99)':>10} {'rows/query':>11}")
     for e in result["by_rows"]:
         for be in ("sqlite", "ray"):
             if be in e:
                 m = e[be]
-                print(f"{be:8} {m['rows']:>9,} {m['publish_rows_per_s']:>15,.0f} {m['query_p50_ms']:>13.2f}"
-                      f" {m['query_p99_ms']:>13.2f} {m['query_rows_returned']:>11.0f}")
+                print(f"{be:8} {m['rows']:>9,} {m['publish_rows_per_s']:>15,.0f} {m['publish_rows_per_cpu_s']:>12,.0f}"
+                      f" {m['query_p50_ms']:>13.2f} {m['query_p99_ms']:>13.2f} {m['query_cpu_p99_ms']:>10.2f}"
+                      f" {m['query_rows_returned']:>11.0f}")
+    print(f"CPU calibration (sum(range(1000)), ~10 us on an idle core): {calib_start:.0f} us at start, "
+          f"{out['machine']['cpu_calibration_us']:.0f} us at end; load {load_start[0]:.1f} -> "
+          f"{out['machine']['loadavg_end'][0]:.1f}")
     print(f"sqlite query growth {small['sqlite']['rows']:,} -> {big['sqlite']['rows']:,} rollouts: "
           f"p50 x{out['query_growth_p50']:.2f}, p99 x{out['query_growth_p99']:.2f}; wall {out['wall_s']:.0f}s")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
