@@ -130,7 +130,7 @@ def test_batch_equals_one_by_one(texts: list[str], pair: tuple[str, str]) -> Non
         np.testing.assert_allclose(got, al.project(v), rtol=0, atol=1e-12)
 
 
-@SETTINGS
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=TEXTS)
 def test_residual_counts_lost_text_and_never_drops_it(text: str) -> None:
     toks = _toks()

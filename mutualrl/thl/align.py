@@ -364,11 +364,14 @@ def _side_cuts(
     ends_of_text = base + lengths * _SCALE
     n = len(starts)
     if n:
-        tok_text = np.repeat(np.arange(len(encs)), counts)
-        lim = lengths[tok_text]
-        off = base[tok_text]
-        s = np.maximum.accumulate(np.clip(starts, 0, lim) * _SCALE + off)
-        ce = np.maximum.accumulate(np.maximum(np.clip(ends, 0, lim) * _SCALE + off, s))
+        if len(encs) == 1:  # a single text: scalars instead of per-token arrays
+            tok_text = np.zeros(n, dtype=np.int64)
+            lim, off = int(lengths[0]), int(base[0])
+        else:
+            tok_text = np.repeat(np.arange(len(encs)), counts)
+            lim, off = lengths[tok_text], base[tok_text]
+        s = np.maximum.accumulate(np.minimum(np.maximum(starts, 0), lim) * _SCALE + off)
+        ce = np.maximum.accumulate(np.maximum(np.minimum(np.maximum(ends, 0), lim) * _SCALE + off, s))
         valid = np.empty(n, dtype=bool)
         np.less_equal(ce[:-1], s[1:], out=valid[:-1])
         pos = ce
