@@ -7,8 +7,9 @@ Three record kinds, one per sharing level:
 * :class:`VerifiedSuccess` (outcome): a completion that a verifier accepted.
 
 Every record is a frozen dataclass with a ``kind``, a ``SCHEMA_VERSION`` and a content-derived
-``record_id`` (sha256 of the canonical JSON of its content fields; timestamps are not content,
-so republishing the same experience later yields the same id).
+``record_id`` (sha256 over the canonical JSON of its content fields, with the numeric lists
+hashed as packed little-endian values; see :attr:`Rollout.record_id`). Timestamps are not
+content, so republishing the same experience later yields the same id.
 
 Wire format: one JSON object per record (:meth:`to_json`), or one msgpack map
 (:meth:`to_msgpack`, when ``msgpack`` is installed). Pickle is never used. Anything coming from a
@@ -48,7 +49,7 @@ REASONS: tuple[str, ...] = (
     "length_mismatch",  # token_ids and logprobs of different lengths
     "too_large",  # over a size cap (record bytes, text chars, tokens, group size)
     "empty",  # an empty identifier or group
-    "bad_id",  # record_id does not match the content, or a malformed identifier
+    "bad_id",  # record_id is not a string or does not match the content
     "unknown_prompt",  # prompt_id not in ExperienceLimits.known_prompt_ids
     "inconsistent",  # a group's mean/std do not match its rewards
 )
