@@ -6,10 +6,14 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mutualrl.errors import UserError
 from mutualrl.exchange import Exchange, PublishResult, open_exchange
 from mutualrl.experience import ExperienceLimits, GroupOutcome, Rollout, VerifiedSuccess
+
+from test_experience import records
 
 
 def rollout(pid: str = "p1", src: str = "A", version: int = 1, k: int = 0, reward: float = 1.0) -> Rollout:
@@ -169,3 +173,22 @@ def test_schema_version_mismatch_is_a_user_error(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(UserError, match="schema version 99"):
         open_exchange(f"sqlite:///{path}")
+
+
+def test_large_prompt_id_lists_are_chunked(ex: Exchange) -> None:
+    ex.publish([rollout(f"p{i}", version=i % 7) for i in range(1200)])
+    ids = [f"p{i}" for i in range(1500)]
+    assert len(ex.query(ids)) == 1200
+    newest = ex.query(ids, limit=3)
+    assert [r.prompt_id for r in newest] == ["p1197", "p1198", "p1199"]
+    assert len(ex.query(ids, min_version=6)) == len([i for i in range(1200) if i % 7 >= 6])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(recs=st.lists(records, max_size=6))
+def test_stored_records_come_back_equal(ex: Exchange, recs: list) -> None:
+    ex.publish(recs)
+    got = {r.record_id: r for r in ex.query([r.prompt_id for r in recs])}
+    for r in recs:
+        back = got[r.record_id]
+        assert back == r and back.created_at == r.created_at and type(back) is type(r)

@@ -73,8 +73,30 @@ _NSCALARS = {kind: len(cls.SCALAR_FIELDS) for kind, cls in RECORD_TYPES.items()}
 _SELECT = f"SELECT seq, kind, record_id, arrays, {', '.join(_VCOLS)} FROM experience"
 
 
+_MAX_IDS_PER_QUERY = 500
+
+
 def _first(row: tuple) -> Any:
     return row[0]
+
+
+def _query_sql(pids: list[str], ks: tuple[str, ...], exclude_source: str | None, min_version: int | None,
+               limit: int | None) -> tuple[str, list[Any]]:
+    sql = [f"{_SELECT} WHERE prompt_id IN ({','.join('?' * len(pids))})"]
+    args: list[Any] = list(pids)
+    if min_version is not None:
+        sql.append("AND version >= ?")
+        args.append(int(min_version))
+    if exclude_source is not None:
+        sql.append("AND source_policy != ?")
+        args.append(exclude_source)
+    if len(ks) < len(KINDS):
+        sql.append(f"AND kind IN ({','.join('?' * len(ks))})")
+        args.extend(ks)
+    if limit is not None:
+        sql.append("ORDER BY seq DESC LIMIT ?")
+        args.append(int(limit))
+    return " ".join(sql), args
 
 
 class SQLiteExchange(Exchange):
@@ -208,23 +230,22 @@ class SQLiteExchange(Exchange):
         pids = list(dict.fromkeys(prompt_ids))
         if not pids or (limit is not None and limit <= 0):
             return []
-        sql = [f"{_SELECT} WHERE prompt_id IN ({','.join('?' * len(pids))})"]
-        args: list[Any] = list(pids)
-        if min_version is not None:
-            sql.append("AND version >= ?")
-            args.append(int(min_version))
-        if exclude_source is not None:
-            sql.append("AND source_policy != ?")
-            args.append(exclude_source)
-        if len(ks) < len(KINDS):
-            sql.append(f"AND kind IN ({','.join('?' * len(ks))})")
-            args.extend(ks)
-        if limit is not None:
-            sql.append("ORDER BY seq DESC LIMIT ?")
-            args.append(int(limit))
+        rows: list[tuple] = []
+        chunks = [pids[i:i + _MAX_IDS_PER_QUERY] for i in range(0, len(pids), _MAX_IDS_PER_QUERY)]
         with self._lock:
-            rows = self._conn.execute(" ".join(sql), args).fetchall()
+            conn = self._conn
+            if len(chunks) > 1:  # one read snapshot across the chunks: whole batches only
+                conn.execute("BEGIN")
+            try:
+                for chunk in chunks:  # chunked to stay under SQLite's bound-variable cap
+                    sql, args = _query_sql(chunk, ks, exclude_source, min_version, limit)
+                    rows.extend(conn.execute(sql, args).fetchall())
+            finally:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
         rows.sort(key=_first)  # by seq; cheaper here than SQLite's sorter copying whole rows
+        if limit is not None:
+            rows = rows[-limit:]
         out = []
         for row in rows:
             kind = row[1]
