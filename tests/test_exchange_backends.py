@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_experience import records
 
 from mutualrl.errors import UserError
 from mutualrl.exchange import Exchange, PublishResult, open_exchange
 from mutualrl.experience import ExperienceLimits, GroupOutcome, Rollout, VerifiedSuccess
-
-from test_experience import records
 
 
 def rollout(pid: str = "p1", src: str = "A", version: int = 1, k: int = 0, reward: float = 1.0) -> Rollout:
