@@ -42,15 +42,15 @@ __all__ = [
     "RealModel",
     "cache_root",
     "gguf_path",
-    "verify_gguf",
-    "prepared_dir",
     "is_prepared",
     "prepare",
     "prepare_preset",
+    "prepared_dir",
     "preset_model_dirs",
-    "resolve_model_ref",
     "real_tokenizer",
     "register",
+    "resolve_model_ref",
+    "verify_gguf",
 ]
 
 REF_PREFIX = "real:"
@@ -302,7 +302,10 @@ def _staging(final: Path) -> Iterator[Path]:
             if _complete(final):
                 return
             shutil.rmtree(final)
-        os.chmod(tmp, 0o777 & ~_umask())
+        mask = _umask()
+        os.chmod(tmp, 0o777 & ~mask)
+        for f in tmp.iterdir():  # some writers create files 0600; make them plain cache files
+            os.chmod(f, 0o666 & ~mask)
         try:
             os.rename(tmp, final)
         except OSError:  # a concurrent process published first
@@ -357,9 +360,14 @@ def real_tokenizer(name: str) -> PreTrainedTokenizerFast:
 
 
 def _tokenizer_facts(tok: Any) -> dict[str, Any]:
-    model = json.loads(tok.backend_tokenizer.to_str())["model"]
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    algo = spec["model"].get("type", "?")
+    if "ByteLevel" in json.dumps(spec.get("pre_tokenizer")):
+        algo = f"byte-level {algo}"
+    elif spec["model"].get("byte_fallback"):
+        algo = f"SentencePiece-style {algo} (byte fallback)"
     return {
-        "tokenizer_algorithm": model.get("type", "?"),
+        "tokenizer_algorithm": algo,
         "tokenizer_class": type(tok).__name__,
         "vocab_size": len(tok),
         "has_chat_template": bool(getattr(tok, "chat_template", None)),
@@ -387,16 +395,38 @@ def _progress(enabled: bool) -> Any:
     )
 
 
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' own tqdm bars and warnings while our progress bar runs."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    level = hf_logging.get_verbosity()
+    tqdm_env = os.environ.get("TQDM_DISABLE")
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    os.environ["TQDM_DISABLE"] = "1"  # the GGUF loader uses tqdm directly
+    try:
+        yield
+    finally:
+        if tqdm_env is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = tqdm_env
+        hf_logging.set_verbosity(level)
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _prepare_into(name: str, tmp: Path, step: Callable[[str], None]) -> dict[str, Any]:
     """Dequantize ``name``'s GGUF and save model + tokenizer into ``tmp``; return manifest facts."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     spec = _spec(name)
     step("locating GGUF")
     path = gguf_path(name)
     step("loading tokenizer")
-    tok = _load_gguf_tokenizer(name)
+    tok = real_tokenizer(name)
     step("dequantizing weights")
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
     for holder in (model.config, getattr(model, "generation_config", None)):
@@ -405,7 +435,6 @@ def _prepare_into(name: str, tmp: Path, step: Callable[[str], None]) -> dict[str
     model.hf_quantizer = None
     model.is_quantized = False
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    model.config.torch_dtype = getattr(torch, dtype) if hasattr(torch, dtype) else None
     eos = [tok.eos_token_id] + [
         tok.convert_tokens_to_ids(t) for t in spec.extra_eos_tokens if t in tok.get_vocab()
     ]
@@ -442,7 +471,7 @@ def prepare(name: str, progress: bool = True) -> Path:
     gguf_path(name)  # fail fast with the pip hint before starting a progress bar
     steps = 5
     start = time.perf_counter()
-    with _progress(progress) as bar, _staging(final) as tmp:
+    with _quiet_transformers(), _progress(progress) as bar, _staging(final) as tmp:
         task = bar.add_task("", total=steps, model=name)
         count = 0
 
@@ -507,7 +536,11 @@ def _installed(spec: RealModel) -> str:
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
     target: str = args.target
-    names = PRESETS.get(target) or [_spec(target).name]
+    if target not in PRESETS and target not in MODELS:
+        raise UserError(
+            f"unknown preset or model {target!r}; valid: {', '.join([*PRESETS, *MODELS])}"
+        )
+    names = PRESETS.get(target) or [target]
     for name in names:
         already = is_prepared(name)
         directory = prepare(name, progress=not args.quiet)
