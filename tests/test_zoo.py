@@ -1,0 +1,111 @@
+"""The policy zoo: heterogeneity, HF round trip, SFT, cache and determinism (tiny variants)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import pytest
+
+from mutualrl import zoo
+from mutualrl.errors import UserError
+
+
+def _tiny(spec: zoo.ZooSpec) -> zoo.ZooSpec:
+    return dataclasses.replace(spec, n_layer=1, n_embd=32, n_head=2, n_kv_head=0, n_inner=64,
+                               sft_steps=40, batch=16, lr=3e-3, max_positions=64)
+
+
+TINY = {name: _tiny(spec) for name, spec in zoo.ZOO.items()}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("zoo")
+    dirs = zoo.build_zoo(list(TINY), seed=0, cache_dir=cache, progress=False, specs=TINY)
+    return cache, dirs
+
+
+def test_heterogeneous_and_hf_round_trip(built):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+    _, dirs = built
+    model_types, tok_models, vocab_sizes = set(), set(), set()
+    for name, path in dirs.items():
+        for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                  "zoo_card.json"):
+            assert (path / f).is_file(), (name, f)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path)
+        assert isinstance(tok, PreTrainedTokenizerFast)
+        assert None not in (tok.eos_token_id, tok.pad_token_id, tok.bos_token_id)
+        assert tok.pad_token_id != tok.eos_token_id
+        assert model.config.vocab_size == len(tok)
+        card = zoo.load_card(path)
+        assert card["vocab_size"] == len(tok)
+        assert zoo._weights_hash(model) == card["weights_sha256"]  # saved == trained weights
+        # prompt and answer tokenize independently, digits are single tokens, text round-trips
+        prompt, answer = zoo.format_prompt("Calculate 18 - 42."), "-24"
+        p_ids = tok(prompt, add_special_tokens=False).input_ids
+        a_ids = tok(answer, add_special_tokens=False).input_ids
+        assert p_ids + a_ids == tok(prompt + answer, add_special_tokens=False).input_ids
+        assert tok.decode(a_ids) == answer and tok.decode(p_ids + a_ids) == prompt + answer
+        assert tok.convert_ids_to_tokens(a_ids)[-2:] == ["2", "4"]
+        model_types.add(model.config.model_type)
+        tok_models.add(type(tok.backend_tokenizer.model).__name__)
+        vocab_sizes.add(len(tok))
+        assert set(card["accuracy_greedy"]) == {"add", "sub"}
+        assert card["n_test_per_type"] == {"add": 500, "sub": 500}
+    assert len(model_types) == len(tok_models) == len(vocab_sizes) == len(dirs) >= 3
+
+
+def test_sft_loss_goes_down(built):
+    _, dirs = built
+    for path in dirs.values():
+        card = zoo.load_card(path)
+        assert card["sft_loss_last"] < 0.8 * card["sft_loss_first"], card
+
+
+def test_cache_hit_and_determinism(built, tmp_path):
+    cache, dirs = built
+    t0 = time.perf_counter()
+    again = zoo.build_zoo(list(TINY), seed=0, cache_dir=cache, progress=False, specs=TINY)
+    assert again == dirs and time.perf_counter() - t0 < 2.0
+    # same seed, fresh cache: identical weights; another seed: another folder and other weights
+    one = {"gpt2-add": TINY["gpt2-add"]}
+    same = zoo.build_zoo(["gpt2-add"], seed=0, cache_dir=tmp_path, progress=False, specs=one)
+    card0 = zoo.load_card(dirs["gpt2-add"])
+    assert zoo.load_card(same["gpt2-add"])["weights_sha256"] == card0["weights_sha256"]
+    assert json.loads((same["gpt2-add"] / "tokenizer.json").read_text()) == \
+        json.loads((dirs["gpt2-add"] / "tokenizer.json").read_text())
+    assert not list(tmp_path.glob("*/.tmp-*"))  # no temporary folder left behind
+
+
+def test_spec_hash_and_errors(tmp_path):
+    spec = zoo.ZOO["gpt2-add"]
+    assert spec.cache_key(0) != spec.cache_key(1)
+    assert spec.cache_key(0) != dataclasses.replace(spec, sft_steps=1).cache_key(0)
+    with pytest.raises(UserError, match="valid"):
+        zoo.build_zoo(["nope"], cache_dir=tmp_path, progress=False)
+    with pytest.raises(UserError):
+        zoo.zoo_model_dir("nope", cache_dir=tmp_path)
+    assert zoo.resolve_model("some/hub-id") == "some/hub-id"
+
+
+def _parse(argv):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="mutualrl")
+    zoo.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_cli(tmp_path, capsys):
+    args = _parse(["zoo", "list", "--cache-dir", str(tmp_path)])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert all(f"zoo:{name}" in out for name in zoo.ZOO)
+    args = _parse(["zoo", "build", "--names", "nope", "--cache-dir", str(tmp_path)])
+    with pytest.raises(UserError, match="nope"):
+        args.func(args)
