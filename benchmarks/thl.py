@@ -34,9 +34,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mutualrl.thl import align_encodings_batch, encode_batch, pair_report, project_batch  # noqa: E402
-from mutualrl.thl.retokenize import backend_of  # noqa: E402
-from mutualrl.thl.vocabs import load_backend  # noqa: E402
+from mutualrl.thl import align_encodings_batch, encode_batch, pair_report, project_batch
+from mutualrl.thl.retokenize import backend_of
+from mutualrl.thl.vocabs import load_backend
 
 NAMES = ("cl100k", "minilm", "smollm2", "gemma3")
 SEED = 1234

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from _thl_support import tokenizer
+
 from mutualrl.thl import align, align_batch, align_encodings, encode, lost_spans, pair_report
 
 
@@ -103,6 +103,18 @@ def test_nfkc_expansion_and_unknown_tokens_are_residual_not_dropped() -> None:
     assert "".join(al.chunk_text(k) for k in range(al.n_chunks)) == text
     values = np.linspace(-1, -2, len(al.source))
     assert al.project(values).sum() == pytest.approx(values.sum())
+
+
+def test_many_tokens_inside_one_character() -> None:
+    text = "\ufdfa \ufdfa"  # NFKC expands this one character into four words: 8 tokens share it
+    uni = tokenizer("t_unigram")
+    enc = encode(uni, text)
+    assert sum(1 for o in enc.offsets if o == (0, 1)) >= 8
+    self_al = align(text, uni, uni)
+    assert self_al.one_to_one().all() and self_al.n_chunks == len(enc)
+    other = align(text, uni, tokenizer("smollm2"))
+    assert "".join(other.chunk_text(k) for k in range(other.n_chunks)) == text
+    assert other.residual.source_roundtrip is False
 
 
 def test_merge_inexact_puts_each_lost_span_in_one_chunk() -> None:

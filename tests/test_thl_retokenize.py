@@ -6,11 +6,10 @@ import json
 
 import numpy as np
 import pytest
-
 from _thl_support import tokenizer
+
 from mutualrl.cli import main
-from mutualrl.thl import align, decode, encode, encode_batch, encode_completion, offsets_by_decoding
-from mutualrl.thl import vocabs
+from mutualrl.thl import align, decode, encode, encode_batch, encode_completion, offsets_by_decoding, vocabs
 
 
 @pytest.fixture(scope="module")

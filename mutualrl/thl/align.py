@@ -2,11 +2,12 @@
 
 Both tokenizations carry character offsets. Every gap between two consecutive tokens of one side
 is a *cut candidate* at the end of the earlier token (text a tokenizer skips, such as the
-whitespace WordPiece drops, joins the following token); two tokens whose spans overlap (byte
-tokens of one multi-byte character, a normaliser expanding one character into several tokens)
-have no cut between them. A chunk boundary is placed wherever both sides have a cut candidate at
-the same character position, so every chunk is the smallest text span that both sides tokenize
-in whole tokens: 1:1, 1:n, n:1 or n:m.
+whitespace WordPiece drops, joins the following token). Tokens whose spans overlap share a
+character: byte-level pieces of one multi-byte character get cut candidates at the byte where
+each ends; pieces from a normaliser expanding a character (or a prepended SentencePiece space)
+get their own sub-character positions in order. A chunk boundary is placed wherever both sides
+have a cut candidate at the same position, so every chunk is the smallest text span that both
+sides tokenize in whole tokens: 1:1, 1:n, n:1 or n:m.
 
 The walk is done for a whole batch at once with numpy (sorted positions, one ``searchsorted``),
 so aligning costs a small fraction of encoding.
@@ -64,8 +65,18 @@ class Alignment:
     tokens ``source_bounds[k]:source_bounds[k+1]`` and likewise on the target side.
     """
 
-    __slots__ = ("text", "source", "target", "char_bounds", "source_bounds", "target_bounds",
-                 "_source_tok", "_target_tok", "_residual", "_chunks")
+    __slots__ = (
+        "_chunks",
+        "_residual",
+        "_source_tok",
+        "_target_tok",
+        "char_bounds",
+        "source",
+        "source_bounds",
+        "target",
+        "target_bounds",
+        "text",
+    )
 
     def __init__(
         self,
@@ -244,7 +255,7 @@ def project_batch(alignments: Sequence[Alignment], values: Sequence[Sequence[flo
 #: expanding it, a prepended SentencePiece space) are cut at sub-positions 4, 5, ... in order,
 #: which only another tokenizer splitting the same character the same way can match; such a
 #: character goes to the chunk of the last of those tokens.
-_SCALE = 8
+_SCALE = 64
 _BYTE_SUB = 4
 _BYTE_FALLBACK = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 # id(tokenizer) -> (tokenizer, per-id byte length or None); the tokenizer is kept alive for the id

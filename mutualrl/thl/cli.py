@@ -8,7 +8,7 @@ from typing import Any
 
 from mutualrl.errors import UserError
 
-__all__ = ["register", "cmd_report", "DEFAULT_TEXTS"]
+__all__ = ["DEFAULT_TEXTS", "cmd_report", "register"]
 
 #: Texts used when ``--texts`` is not given: reasoning-style arithmetic plus a little Unicode.
 DEFAULT_TEXTS: tuple[str, ...] = (

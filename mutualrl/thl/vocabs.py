@@ -168,7 +168,7 @@ def resolve(spec: str) -> Any:
     if path.is_file():
         try:
             return Tokenizer.from_file(str(path))
-        except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
+        except Exception as exc:  # noqa: BLE001 -- tokenizers raises a bare Exception on bad JSON
             raise ValueError(f"{path} is not a tokenizers JSON file: {exc}") from None
     raise ValueError(
         f"{spec!r} is neither a known tokenizer ({', '.join(NAMES)}) nor a tokenizer.json file or a "
