@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,4 +93,12 @@ def test_memory_store_and_validation_over_the_wire(ray_cluster: None) -> None:
     same = open_exchange("ray://see-mem")  # get-or-create: the same actor
     assert same.stats()["rows"] == 1 and same.stats()["backend"] == "memory"
     same.destroy()
-    assert open_exchange("ray://see-mem").stats()["rows"] == 0  # destroy() ended it; this is new
+    deadline = time.monotonic() + 20  # destroy() ends the actor (ray.kill is asynchronous)
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor("mutualrl-exchange:see-mem", namespace="mutualrl")
+        except ValueError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the destroyed exchange actor is still registered")

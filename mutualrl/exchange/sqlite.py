@@ -166,7 +166,7 @@ class SQLiteExchange(Exchange):
             conn.close()
             if "locked" in str(exc) or "busy" in str(exc):
                 raise UserError(f"exchange database {path!r} is locked by another process for longer than "
-                                f"{busy_timeout_s:.0f}s; stop the other run or use another path.") from exc
+                                f"{busy_timeout_s:g}s; stop the other run or use another path.") from exc
             raise UserError(f"cannot open exchange database {path!r}: {exc}") from exc
         except sqlite3.DatabaseError as exc:
             conn.close()
