@@ -18,10 +18,12 @@ half-written file or directory is never used.
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -191,8 +193,6 @@ def _record_sha(spec: RealModel) -> str | None:
     dist = metadata.distribution(spec.distribution)
     for entry in dist.files or []:
         if str(entry).endswith(spec.gguf_name) and entry.hash and entry.hash.mode == "sha256":
-            import base64
-
             raw = base64.urlsafe_b64decode(entry.hash.value + "=" * (-len(entry.hash.value) % 4))
             return raw.hex()
     return None
@@ -209,6 +209,7 @@ def _assemble(spec: RealModel) -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_stale(target)
     digest = hashlib.sha256()
     fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.gguf_name}.", suffix=".tmp", dir=target.parent)
     tmp = Path(tmp_name)
@@ -291,10 +292,25 @@ def is_prepared(name: str) -> bool:
     return _complete(prepared_dir(name))
 
 
+_STALE_SECONDS = 6 * 3600
+
+
+def _sweep_stale(final: Path) -> None:
+    """Remove temp siblings of ``final`` left by a killed process (untouched for hours)."""
+    now = time.time()
+    for old in final.parent.glob(f".{final.name}.*.tmp"):
+        try:
+            if now - old.stat().st_mtime > _STALE_SECONDS:
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+        except OSError:
+            pass
+
+
 @contextmanager
 def _staging(final: Path) -> Iterator[Path]:
     """Yield a temp dir next to ``final``; on success rename it to ``final`` (atomic publish)."""
     final.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_stale(final)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
         yield tmp
@@ -383,6 +399,7 @@ def _write_manifest(directory: Path, facts: dict[str, Any]) -> None:
 
 
 def _progress(enabled: bool) -> Any:
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
@@ -390,6 +407,7 @@ def _progress(enabled: bool) -> Any:
         BarColumn(),
         TextColumn("{task.completed}/{task.total} {task.description}"),
         TimeElapsedColumn(),
+        console=Console(stderr=True),
         disable=not enabled,
         transient=False,
     )
@@ -502,7 +520,7 @@ def _preset_names(preset: str) -> list[str]:
 
 def preset_model_dirs(preset: str) -> dict[str, Path]:
     """``{name: prepared directory}`` for a preset, preparing missing models on demand."""
-    return prepare_preset(preset, progress=False)
+    return prepare_preset(preset, progress=sys.stderr.isatty())
 
 
 def resolve_model_ref(ref: str) -> str | None:
@@ -513,7 +531,7 @@ def resolve_model_ref(ref: str) -> str | None:
     """
     if not ref.startswith(REF_PREFIX):
         return None
-    return str(prepare(ref[len(REF_PREFIX) :].strip(), progress=False))
+    return str(prepare(ref[len(REF_PREFIX) :].strip(), progress=sys.stderr.isatty()))
 
 
 # ----------------------------------------------------------------------------- CLI
