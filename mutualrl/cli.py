@@ -11,6 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from mutualrl.checkpoint import CheckpointError
 from mutualrl.errors import UserError
 
 # (module, attribute) pairs; each attribute is ``register(subparsers) -> None``.
@@ -52,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"mutualrl: error: {exc}", file=sys.stderr)
         return 2
+    except CheckpointError as exc:  # e.g. a full disk: the message names the last good checkpoint
+        print(f"mutualrl: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("mutualrl: interrupted", file=sys.stderr)
         return 130

@@ -366,6 +366,15 @@ def _check_model_ref(ref: str, path: str) -> None:
             raise ConfigError(path, f"{ref!r} is not a Hugging Face model directory (no config.json)")
 
 
+def _one_line_yaml_error(exc: Exception) -> str:
+    """A YAML (or decoding) error as one line: what is wrong and where."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
+
+
 def load_config(source: str | Path | dict[str, Any], *, check_paths: bool = True,
                 overrides: dict[str, Any] | None = None) -> RunConfig:
     """Load, build and validate a run config from a YAML file path or a dict."""
@@ -378,7 +387,7 @@ def load_config(source: str | Path | dict[str, Any], *, check_paths: bool = True
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ConfigError("<file>", f"{path} is not valid YAML: {exc}") from None
+            raise ConfigError("<file>", f"{path} is not valid YAML: {_one_line_yaml_error(exc)}") from None
         if data is None:
             data = {}
     if overrides:

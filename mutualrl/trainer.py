@@ -9,6 +9,7 @@ sharing strategy and updates. Held-out evaluation every ``eval_every`` steps, ch
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -19,29 +20,22 @@ from typing import Any
 import yaml
 
 from mutualrl.allocation import Scheduler, WorkerFailed, make_scheduler
+from mutualrl.checkpoint import (
+    CHECKPOINTS,
+    LATEST,
+    CheckpointError,
+    CheckpointManager,
+    atomic_write_text,
+    latest_checkpoint,
+    read_state,
+)
 from mutualrl.config import RunConfig, load_config
 from mutualrl.errors import UserError
 
-CHECKPOINTS = "checkpoints"
-LATEST = "LATEST"
+__all__ = ["CHECKPOINTS", "LATEST", "MutualTrainer", "latest_checkpoint", "run_config_replace"]
 
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The last complete checkpoint of a run directory, or None."""
-    ptr = run_dir / CHECKPOINTS / LATEST
-    if not ptr.is_file():
-        return None
-    d = run_dir / CHECKPOINTS / ptr.read_text().strip()
-    return d if (d / "trainer_state.json").is_file() else None
+_atomic_write = atomic_write_text
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 class MutualTrainer:
@@ -65,6 +59,8 @@ class MutualTrainer:
         self.scheduler = scheduler or make_scheduler(self.cfg.scheduler, self.cfg.threads)
         self.start_step = 0
         self.history: list[dict[str, Any]] = []
+        self.checkpoints = CheckpointManager(self.run_dir, keep=2) if self.run_dir else None
+        self._created_run_dir = False
         self._prepare_run_dir()
 
     # ------------------------------------------------------------------ run directory
@@ -73,8 +69,9 @@ class MutualTrainer:
         if d is None:
             return
         if self.resume:
-            if not (d / "config.yaml").is_file():
-                raise UserError(f"cannot resume: {str(d)!r} is not a mutualrl run directory (no config.yaml)")
+            if not (d / "config.yaml").is_file() or not (d / CHECKPOINTS).is_dir():
+                raise UserError(f"cannot resume: {str(d)!r} is not a mutualrl run directory "
+                                "(no config.yaml and checkpoints/)")
             return
         if d.exists() and any(d.iterdir()):
             raise UserError(f"run directory {str(d)!r} already exists and is not empty; "
@@ -83,17 +80,54 @@ class MutualTrainer:
     def _init_files(self) -> None:
         d = self.run_dir
         assert d is not None
+        self._created_run_dir = not d.exists()
         d.mkdir(parents=True, exist_ok=True)
         (d / CHECKPOINTS).mkdir(exist_ok=True)
         _atomic_write(d / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+
+    def preflight(self) -> None:
+        """Check what only shows when it is read (data files, model directories) before anything
+        is written, so that bad input fails with a :class:`UserError` and leaves no run behind."""
+        from mutualrl.worker import build_task
+
+        try:
+            build_task(self.cfg)
+        except (ValueError, OSError) as exc:
+            raise UserError(f"task: {exc}") from None
+        for i, pol in enumerate(self.cfg.policies):
+            ref = pol.model
+            if ref.startswith(("zoo:", "real:")) or Path(ref).expanduser().is_dir():
+                continue  # zoo/real refs are built or located on demand; directories were validated
+            try:
+                from transformers import AutoConfig
+
+                AutoConfig.from_pretrained(ref)
+            except (OSError, ValueError) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise UserError(f"config error at 'policies[{i}].model': {ref!r} is neither a local model "
+                                f"directory nor a model id that can be loaded ({first})") from None
+
+    def _undo_init_files(self) -> None:
+        """A fresh run that failed to start leaves nothing behind (it had not trained)."""
+        d = self.run_dir
+        if d is None or self.resume or not d.exists():
+            return
+        if self._created_run_dir:
+            shutil.rmtree(d, ignore_errors=True)
+            return
+        for name in (CHECKPOINTS, "config.yaml", "exchange.db", "exchange.db-wal", "exchange.db-shm"):
+            p = d / name
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
 
     def _log(self, rows: list[dict[str, Any]]) -> None:
         self.history.extend(rows)
         if self.run_dir is None:
             return
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
-            for r in rows:
-                fh.write(json.dumps(r, sort_keys=True) + "\n")
+            fh.writelines(json.dumps(r, sort_keys=True) + "\n" for r in rows)
             fh.flush()
             os.fsync(fh.fileno())
         if self._tb is not None:
@@ -104,37 +138,36 @@ class MutualTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, step: int) -> Path | None:
-        """Write a complete checkpoint for the state *after* ``step - 1`` (next step = ``step``)."""
-        if self.run_dir is None:
+        """Write a complete checkpoint for the state *after* ``step - 1`` (next step = ``step``).
+
+        Every policy's weights, optimizer and RNG states (Python, NumPy, torch, its sampling
+        generator) and version, plus the exchange position; see :mod:`mutualrl.checkpoint`.
+        """
+        if self.checkpoints is None:
             return None
-        root = self.run_dir / CHECKPOINTS
-        name = f"step_{step:06d}"
-        tmp = root / f".tmp-{name}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        for i, pol in enumerate(self.cfg.policies):
-            self.scheduler.call_one(i, "save", str(tmp / pol.name))
+
+        def write_policies(tmp: Path) -> list[str]:
+            for i, pol in enumerate(self.cfg.policies):
+                self.scheduler.call_one(i, "save", str(tmp / pol.name))
+            return [p.name for p in self.cfg.policies]
+
         position = self.scheduler.call_one(0, "exchange_position")
-        _atomic_write(tmp / "trainer_state.json", json.dumps({
-            "next_step": step, "exchange_position": position, "time": time.time(),
-            "policies": [p.name for p in self.cfg.policies]}))
-        final = root / name
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _atomic_write(root / LATEST, name)
-        return final
+        return self.checkpoints.save(step, write_policies, {"exchange_position": int(position)})
 
     def _restore(self) -> None:
-        assert self.run_dir is not None
-        ck = latest_checkpoint(self.run_dir)
+        assert self.run_dir is not None and self.checkpoints is not None
+        self.checkpoints.clean_partial()
+        ck = self.checkpoints.latest()
         if ck is None:
             self.start_step = 0
             self.scheduler.call_one(0, "exchange_discard_after", 0)
             self._truncate_metrics(0)
             return
-        state = json.loads((ck / "trainer_state.json").read_text())
+        state = read_state(ck)
+        assert state is not None
+        names = [p.name for p in self.cfg.policies]
+        if list(state.get("policies", names)) != names:
+            raise UserError(f"checkpoint {ck} holds policies {state.get('policies')}, the config lists {names}")
         for i, pol in enumerate(self.cfg.policies):
             self.scheduler.call_one(i, "load", str(ck / pol.name))
         self.scheduler.call_one(0, "exchange_discard_after", int(state["exchange_position"]))
@@ -172,8 +205,14 @@ class MutualTrainer:
         self._tb = None
         t_start = time.perf_counter()
         if self.run_dir is not None and not self.resume:
+            self.preflight()
             self._init_files()
-        infos = self.scheduler.start(cfg, self.run_dir)
+        try:
+            infos = self.scheduler.start(cfg, self.run_dir)
+        except BaseException:
+            self.scheduler.close()
+            self._undo_init_files()
+            raise
         try:
             if self.run_dir is not None and self.resume:
                 self._restore()
@@ -191,6 +230,13 @@ class MutualTrainer:
             ck = latest_checkpoint(self.run_dir) if self.run_dir else None
             where = f"; last good checkpoint: {ck}" if ck else "; no checkpoint was written yet"
             raise RuntimeError(f"{exc}{where}. Resume with: mutualrl train --resume {self.run_dir}") from exc
+        except OSError as exc:
+            if exc.errno not in _DISK_ERRNOS or self.run_dir is None:
+                raise
+            ck = latest_checkpoint(self.run_dir)
+            raise CheckpointError(f"cannot write to run directory {self.run_dir}: {exc.strerror}; last good "
+                                  f"checkpoint: {ck or 'none'}. Free space, then: mutualrl train --resume "
+                                  f"{self.run_dir}") from exc
         finally:
             self.scheduler.close()
             if self._tb is not None:
@@ -203,6 +249,11 @@ class MutualTrainer:
 
         with StepProgress(cfg.steps, self.start_step, enabled=self.progress,
                           names=[p.name for p in cfg.policies]) as bar:
+            if cfg.sync == "async":  # bounded staleness instead of per-phase barriers (MWRA)
+                from mutualrl.allocation.async_loop import run_async
+
+                run_async(self, bar)
+                return
             for step in range(self.start_step, cfg.steps):
                 if step % cfg.eval_every == 0:
                     bar.set_eval(self.evaluate(step))

@@ -7,6 +7,7 @@ so the same worker runs in-process, in a subprocess or as a Ray actor.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -21,6 +22,7 @@ from mutualrl.algorithms.sharing import OwnGroup, PeerRows, ShareContext, build_
 from mutualrl.algorithms.update import train_on_batch
 from mutualrl.config import RunConfig
 from mutualrl.experience import ExperienceLimits, GroupOutcome, Rollout, VerifiedSuccess
+from mutualrl.faults import fault_point, log_acknowledged
 from mutualrl.policy import Policy, resolve_model_path
 from mutualrl.tasks.base import Problem, Task
 
@@ -85,6 +87,7 @@ class PolicyWorker:
         self.exchange = exchange if exchange is not None else open_exchange(exchange_url(cfg, self.run_dir),
                                                                            limits=self.limits)
         self._groups: dict[int, list[OwnGroup]] = {}
+        self.peer_names = frozenset(p.name for i, p in enumerate(cfg.policies) if i != index)
         self._prompt_cache: dict[str, list[int]] = {}
         self._align_cache: dict[tuple[str, str], Any] = {}
 
@@ -149,9 +152,12 @@ class PolicyWorker:
                     seen.add(s.text)
                     records.append(VerifiedSuccess(p.id, s.text, self.name, f"{p.source}:verifier", sc, step, now))
         self._groups[step] = groups
+        fault_point("rollout")
         t1 = time.perf_counter()
         pub = self.exchange.publish(records)
         t_pub = time.perf_counter() - t1
+        log_acknowledged(self.name, step, (r.record_id for r in records))
+        fault_point("published")
         n_tok = sum(len(s.completion_ids) for s in samples)
         per_source: dict[str, list[float]] = {}
         for grp in groups:
@@ -186,6 +192,7 @@ class PolicyWorker:
         spec = self.cfg.sharing.strategy
         peers = PeerRows()
         t_q = 0.0
+        untrusted_rows = 0
         if spec != "independent":
             kinds = []
             if "prp" in spec:
@@ -198,18 +205,23 @@ class PolicyWorker:
             rows = self.exchange.query([g.problem.id for g in groups], kinds=kinds, exclude_source=self.name,
                                        min_version=step - self.cfg.sharing.max_staleness)
             t_q = time.perf_counter() - tq
-            peers = PeerRows.from_records([r for r in rows if r.version <= step])
+            # only the run's other policies are peers: rows under any other source name (a
+            # foreign or buggy publisher on a shared exchange) are counted and ignored
+            trusted = [r for r in rows if r.version <= step and r.source_policy in self.peer_names]
+            untrusted_rows = sum(r.source_policy not in self.peer_names for r in rows)
+            peers = PeerRows.from_records(trusted)
         ctx = ShareContext(groups, peers, self.task, self.options, self.cfg.sharing,
                            lambda text, eos: self.policy.encode_completion(text, eos), self._align_peer)
         t1 = time.perf_counter()
         batch = build_batch(spec, ctx)
         t_share = time.perf_counter() - t1
         t2 = time.perf_counter()
+        fault_point("update")
         stats = train_on_batch(self.policy, batch, prp_ratio_clip=self.cfg.sharing.prp_ratio_clip)
         m = dict(batch.metrics)
         m.update(stats)
         m.update({"update_s": time.perf_counter() - t0, "train_s": time.perf_counter() - t2,
-                  "query_s": t_q, "share_s": t_share,
+                  "query_s": t_q, "share_s": t_share, "peer_rows_untrusted": untrusted_rows,
                   "train_tokens": sum(len(r.completion_ids) for r in batch.rows)})
         return m
 
@@ -241,7 +253,8 @@ class PolicyWorker:
                    d / "rng.pt")
         (d / "state.json").write_text(json.dumps({
             "version": self.policy.version, "python_random": _py_random_state(),
-            "numpy_random": _np_random_state()}))
+            "numpy_random": _np_random_state(),
+            "reward_stats": dataclasses.asdict(self.task.reward_stats)}))
 
     def load(self, directory: str | Path) -> None:
         from safetensors.torch import load_file
@@ -257,6 +270,8 @@ class PolicyWorker:
         self.policy.version = int(st["version"])
         _set_py_random_state(st["python_random"])
         _set_np_random_state(st["numpy_random"])
+        for k, v in st.get("reward_stats", {}).items():  # cumulative counters continue where they were
+            setattr(self.task.reward_stats, k, int(v))
 
     def exchange_position(self) -> int:
         """The exchange's current position (recorded in checkpoints)."""

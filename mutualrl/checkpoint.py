@@ -1,0 +1,248 @@
+"""Checkpoints of a run: atomic writes, the last good checkpoint, pruning and verification.
+
+Layout under ``RUN_DIR/checkpoints``::
+
+    step_000050/            one complete checkpoint (the state before step 50 runs)
+        <policy>/           per policy: model.safetensors, optimizer.pt, rng.pt, state.json
+        trainer_state.json  written last: next step, exchange position, manifest of every file
+    LATEST                  name of the newest checkpoint (informational; see below)
+    .tmp-step_000060/       a checkpoint being written (never read; removed on the next save)
+
+A checkpoint is written into a ``.tmp-`` directory, every file and directory is fsynced, then
+the directory is renamed into place (atomic on POSIX) and the parent fsynced; ``LATEST`` is
+updated with temp + fsync + rename; only then are old checkpoints pruned (the newest ``keep``
+survive). A crash at any moment therefore leaves the previous good checkpoint untouched.
+
+The *last good* checkpoint is the complete one (``trainer_state.json`` present and every file of
+its manifest present with its recorded size) with the highest step; ``LATEST`` is only a hint
+for people, so a crash between the rename and the ``LATEST`` update loses nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mutualrl.faults import fault_point
+
+CHECKPOINTS = "checkpoints"
+LATEST = "LATEST"
+TRAINER_STATE = "trainer_state.json"
+FORMAT_VERSION = 1
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the message names the path and the cause."""
+
+
+# ----------------------------------------------------------------------------- durable files
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory so that renames and new entries in it are durable."""
+    fd = os.open(os.fspath(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Replace ``path`` with ``text`` atomically: temp file, fsync, rename, fsync the directory."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(p.parent)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(dirpath)
+
+
+def _manifest(root: Path) -> dict[str, int]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != TRAINER_STATE:
+            out[p.relative_to(root).as_posix()] = p.stat().st_size
+    return out
+
+
+def step_of(path: Path) -> int | None:
+    """The step number of a ``step_NNNNNN`` checkpoint directory, else None."""
+    m = _STEP_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+# ----------------------------------------------------------------------------- reading
+def read_state(ck: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The trainer state of a checkpoint if it is complete (manifest satisfied), else None."""
+    ck = Path(ck)
+    try:
+        state = json.loads((ck / TRAINER_STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict) or "next_step" not in state:
+        return None
+    for rel, size in (state.get("manifest") or {}).items():
+        f = ck / rel
+        try:
+            if f.stat().st_size != size:
+                return None
+        except OSError:
+            return None
+    return state
+
+
+def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = []
+    for d in root.iterdir():
+        s = step_of(d)
+        if s is not None and d.is_dir() and read_state(d) is not None:
+            found.append((s, d))
+    return [d for _, d in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
+    """The last good checkpoint of a run directory (highest complete step), or None."""
+    cks = list_checkpoints(run_dir)
+    return cks[-1] if cks else None
+
+
+def verify_checkpoint(ck: str | os.PathLike[str]) -> list[str]:
+    """Problems that would stop ``ck`` from loading (empty list: it loads).
+
+    Checks the manifest, then actually parses every file: safetensors weights, ``torch.load``
+    with ``weights_only=True`` for optimizer and RNG state, JSON for the rest.
+    """
+    import torch
+    from safetensors.torch import load_file
+
+    ck = Path(ck)
+    state = read_state(ck)
+    if state is None:
+        return [f"{ck}: incomplete (no valid {TRAINER_STATE} or a file differs from its manifest)"]
+    problems = []
+    for name in state.get("policies", []):
+        d = ck / name
+        try:
+            load_file(str(d / "model.safetensors"))
+            torch.load(d / "optimizer.pt", weights_only=True)
+            torch.load(d / "rng.pt", weights_only=True)
+            json.loads((d / "state.json").read_text(encoding="utf-8"))
+        except Exception as exc:  # noqa: BLE001 - report any reason it does not load
+            problems.append(f"{d}: {type(exc).__name__}: {exc}")
+    return problems
+
+
+# ----------------------------------------------------------------------------- writing
+class CheckpointManager:
+    """Writes, finds and prunes the checkpoints of one run directory.
+
+    Args:
+        run_dir: the run directory (checkpoints go to ``run_dir/checkpoints``).
+        keep: how many complete checkpoints to keep (the newest ones); at least 1.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], keep: int = 2) -> None:
+        self.run_dir = Path(run_dir)
+        self.root = self.run_dir / CHECKPOINTS
+        self.keep = max(1, int(keep))
+
+    def latest(self) -> Path | None:
+        """The last good checkpoint, or None."""
+        return latest_checkpoint(self.run_dir)
+
+    def clean_partial(self) -> None:
+        """Remove leftovers of interrupted saves (``.tmp-*`` / ``.old-*`` directories)."""
+        if not self.root.is_dir():
+            return
+        for d in self.root.iterdir():
+            if d.name.startswith((".tmp-", ".old-")):
+                shutil.rmtree(d, ignore_errors=True)
+            elif d.name.startswith(f".{LATEST}.tmp-"):
+                d.unlink(missing_ok=True)
+
+    def save(self, step: int, write_policies: Callable[[Path], list[str]], state: dict[str, Any]) -> Path:
+        """Write the checkpoint ``step_<step>`` atomically and prune old ones.
+
+        ``write_policies(tmp_dir)`` writes every policy's files under ``tmp_dir`` and returns the
+        policy names; ``state`` (JSON-able) is stored in ``trainer_state.json`` together with
+        ``next_step``, the manifest and the format version. Raises :class:`CheckpointError` (the
+        previous checkpoints untouched) when anything fails, e.g. a full disk.
+        """
+        name = f"step_{step:06d}"
+        tmp = self.root / f".tmp-{name}"
+        final = self.root / name
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.clean_partial()
+            tmp.mkdir()
+            policies = write_policies(tmp)
+            fault_point("checkpoint_write")
+            full = {**state, "format": FORMAT_VERSION, "next_step": int(step), "policies": list(policies),
+                    "time": time.time(), "manifest": _manifest(tmp)}
+            with open(tmp / TRAINER_STATE, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(full, indent=1))
+            _fsync_tree(tmp)
+            if final.exists():  # the same step written again (e.g. a run extended with --steps)
+                old = self.root / f".old-{name}"
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+            fsync_dir(self.root)
+            fault_point("checkpoint_commit")
+            atomic_write_text(self.root / LATEST, name + "\n")
+        except Exception as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            last = self.latest()
+            full = (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or \
+                "space left" in str(exc).lower()
+            why = "the disk is full" if full else f"{type(exc).__name__}: {exc}"
+            raise CheckpointError(
+                f"could not write checkpoint {final}: {why}; last good checkpoint: {last if last else 'none'} "
+                f"(intact). Free space, then resume with: mutualrl train --resume {self.run_dir}") from exc
+        self.prune()
+        return final
+
+    def prune(self) -> list[Path]:
+        """Delete all but the newest ``keep`` complete checkpoints; return what was deleted."""
+        cks = list_checkpoints(self.run_dir)
+        gone = cks[: max(0, len(cks) - self.keep)]
+        for d in gone:
+            shutil.rmtree(d, ignore_errors=True)
+        # incomplete step_ directories (never the case with this writer, but be tidy)
+        if self.root.is_dir():
+            complete = set(cks)
+            for d in self.root.iterdir():
+                if step_of(d) is not None and d.is_dir() and d not in complete:
+                    newest = cks[-1] if cks else None
+                    if newest is not None and step_of(d) < step_of(newest):  # type: ignore[operator]
+                        shutil.rmtree(d, ignore_errors=True)
+        return gone
