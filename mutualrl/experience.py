@@ -141,6 +141,7 @@ class _RecordBase:
     # Filled in by _register(): field names in order, and the non-array (scalar) ones.
     FIELD_NAMES: ClassVar[tuple[str, ...]] = ()
     SCALAR_FIELDS: ClassVar[tuple[str, ...]] = ()
+    ARRAY_ITEMS: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def content(self) -> dict[str, Any]:
         """The content fields (everything but ``created_at``), with ``kind`` and ``schema_version``."""
@@ -213,15 +214,14 @@ def from_row(kind: str, record_id: str, scalars: Any, arrays: bytes) -> Record:
     record = cls.__new__(cls)
     d = record.__dict__
     d.update(zip(cls.SCALAR_FIELDS, scalars))
-    if cls.ARRAY_FIELDS:
-        fields = list(cls.ARRAY_FIELDS.items())
-        if len(fields) == 1:
-            name, code = fields[0]
-            d[name] = unpack_array(arrays, code)
-        else:  # equal-length int64/float64 lists (token_ids, logprobs)
-            half = len(arrays) // len(fields)
-            for i, (name, code) in enumerate(fields):
-                d[name] = unpack_array(arrays[i * half:(i + 1) * half], code)
+    fields = cls.ARRAY_ITEMS
+    if len(fields) == 1:
+        name, code = fields[0]
+        d[name] = unpack_array(arrays, code)
+    elif fields:  # equal-length 8-byte lists (token_ids, logprobs)
+        size = len(arrays) // len(fields)
+        for i, (name, code) in enumerate(fields):
+            d[name] = unpack_array(arrays[i * size:(i + 1) * size], code)
     d["record_id"] = record_id
     return record
 
@@ -585,6 +585,7 @@ def _register() -> None:
         names = tuple(f.name for f in dataclasses.fields(cls))
         cls.FIELD_NAMES = names
         cls.SCALAR_FIELDS = tuple(n for n in names if n not in cls.ARRAY_FIELDS)
+        cls.ARRAY_ITEMS = tuple(cls.ARRAY_FIELDS.items())
 
 
 _register()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
+import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_experience import records
 
@@ -183,11 +184,17 @@ def test_large_prompt_id_lists_are_chunked(ex: Exchange) -> None:
     assert len(ex.query(ids, min_version=6)) == len([i for i in range(1200) if i % 7 >= 6])
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+@settings(max_examples=25, deadline=None)
 @given(recs=st.lists(records, max_size=6))
-def test_stored_records_come_back_equal(ex: Exchange, recs: list) -> None:
-    ex.publish(recs)
-    got = {r.record_id: r for r in ex.query([r.prompt_id for r in recs])}
-    for r in recs:
-        back = got[r.record_id]
-        assert back == r and back.created_at == r.created_at and type(back) is type(r)
+def test_stored_records_come_back_equal(backend: str, recs: list) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        ex = open_exchange("memory://" if backend == "memory" else f"sqlite:///{tmp}/see.db")
+        ex.publish(recs)
+        got = {r.record_id: r for r in ex.query([r.prompt_id for r in recs])}
+        first: dict[str, float] = {}
+        for r in recs:
+            first.setdefault(r.record_id, r.created_at)  # a duplicate keeps the first timestamp
+            back = got[r.record_id]
+            assert back == r and type(back) is type(r) and back.created_at == first[r.record_id]
+        ex.close()

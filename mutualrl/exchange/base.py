@@ -62,6 +62,9 @@ class PublishResult:
         return cls(int(d["accepted"]), int(d["duplicates"]), dict(d["rejected_by_reason"]))
 
 
+_RECORD_CLASSES = tuple(RECORD_TYPES.values())
+
+
 def check_kinds(kinds: Iterable[str] | None) -> tuple[str, ...]:
     """Normalise a ``kinds`` filter (``None`` means all kinds); reject unknown kind names."""
     if kinds is None:
@@ -90,7 +93,7 @@ class Exchange(ABC):
         valid: list[Record] = []
         rejected: Counter[str] = Counter()
         for r in records:
-            if not isinstance(r, tuple(RECORD_TYPES.values())):
+            if not isinstance(r, _RECORD_CLASSES):
                 raise TypeError(f"publish() takes experience records, got {type(r).__name__}")
             try:
                 validate(r, self.limits)
