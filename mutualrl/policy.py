@@ -158,8 +158,8 @@ class Policy:
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ generation
-    def _left_pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(s) for s in seqs)
+    def _left_pad(self, seqs: Sequence[Sequence[int]], min_width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(min_width, max(len(s) for s in seqs))
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
         for i, s in enumerate(seqs):
@@ -242,7 +242,9 @@ class Policy:
     def _forward_logprobs(self, model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
                           completion_ids: Sequence[Sequence[int]], width: int) -> torch.Tensor:
         seqs = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
-        ids, mask = self._left_pad(seqs)
+        # at least width + 1 columns, so the last width + 1 logits exist even when every sequence is
+        # shorter than the requested width (e.g. short rescue rows packed to a batch's width)
+        ids, mask = self._left_pad(seqs, min_width=width + 1)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         with self._autocast():
             logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,

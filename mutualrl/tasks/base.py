@@ -179,7 +179,15 @@ class Task:
         """The training batch for ``step``: deterministic in (seed, step), so resume needs no state."""
         rng = random.Random(f"{self.seed}:{step}")
         names = rng.choices(self.source_names, weights=self.weights, k=n)
-        return [rng.choice(self.train[name]) for name in names]
+        # without replacement within a step: experience is shared keyed by prompt id, so a prompt
+        # twice in one batch would mix two groups under one key (repeats only if a pool is too small)
+        picks = {}
+        for name in self.source_names:
+            k, pool = names.count(name), self.train[name]
+            chosen = rng.sample(pool, min(k, len(pool)))
+            chosen += [rng.choice(pool) for _ in range(k - len(chosen))]
+            picks[name] = iter(chosen)
+        return [next(picks[name]) for name in names]
 
     def get(self, prompt_id: str) -> Problem | None:
         """The problem with this id, or None (unknown prompt ids from peers are refused)."""

@@ -1,0 +1,173 @@
+"""Config loading: bad input raises ConfigError naming the field; the CLI exits 2 and writes nothing."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mutualrl.cli import main
+from mutualrl.config import GRPOOptions, RunConfig, load_config
+from mutualrl.errors import ConfigError
+
+
+@pytest.fixture()
+def good(tiny_config) -> dict:
+    cfg = copy.deepcopy(tiny_config)
+    cfg["task"]["train_size"] = 200
+    return cfg
+
+
+def _bad(cfg: dict, path: str, value) -> dict:
+    """A copy of ``cfg`` with the dotted ``path`` (list indices as numbers) set to ``value``."""
+    out = copy.deepcopy(cfg)
+    keys = path.split(".")
+    node = out
+    for k in keys[:-1]:
+        node = node[int(k)] if k.isdigit() else node.setdefault(k, {})
+    last = keys[-1]
+    node[int(last) if last.isdigit() else last] = value
+    return out
+
+
+BAD_CASES = [
+    # (dotted path to set, value, field named in the error, words expected in the message)
+    ("stepz", 3, "stepz", ["unknown field", "did you mean 'steps'"]),
+    ("grpo.num_generation", 4, "grpo.num_generation", ["did you mean 'num_generations'"]),
+    ("sharing.stratgy", "sgt", "sharing.stratgy", ["did you mean 'strategy'"]),
+    ("steps", "ten", "steps", ["expected an integer"]),
+    ("steps", 2.5, "steps", ["expected an integer"]),
+    ("grpo.learning_rate", "fast", "grpo.learning_rate", ["expected a number"]),
+    ("grpo.loss_type", "drgrpo", "grpo.loss_type", ["did you mean 'dr_grpo'"]),
+    ("policies", {"name": "a"}, "policies", ["expected a list"]),
+    ("steps", -1, "steps", ["positive"]),
+    ("steps", 0, "steps", ["positive"]),
+    ("grpo.num_generations", 1, "grpo.num_generations", [">= 2"]),
+    ("policies.1.grpo", {"num_generations": 1}, "policies[1].grpo.num_generations", [">= 2"]),
+    ("policies.0.model", "/nonexistent/model/dir", "policies[0].model", ["does not exist"]),
+    ("policies.0.model", "zoo:gpt2-ad", "policies[0].model", ["unknown zoo policy", "did you mean"]),
+    ("policies.1.name", "a", "policies[1].name", ["duplicate"]),
+    ("sharing.strategy", "xgrpoo", "sharing.strategy", ["did you mean 'xgrpo'"]),
+    ("sharing.strategy", "prp+xgrpo", "sharing.strategy", ["'prp'"]),
+    ("task.reward_functions", ["no_such_module_xyz:reward"], "task.reward_functions[0]", ["cannot import"]),
+    ("task.reward_functions", ["json:no_such_fn"], "task.reward_functions[0]", ["no callable"]),
+    ("task.answer_extraction", "regex:(", "task.answer_extraction", ["regular expression"]),
+    ("task.answer_extraction", "lastnumber", "task.answer_extraction", ["last_number"]),
+    ("exchange", "redis://x", "exchange", ["sqlite"]),
+]
+
+
+@pytest.mark.parametrize("path, value, field, words", BAD_CASES, ids=[f"{c[0]}={c[1]!r}" for c in BAD_CASES])
+def test_bad_field_raises_config_error_naming_it(good, path, value, field, words):
+    with pytest.raises(ConfigError) as info:
+        load_config(_bad(good, path, value))
+    assert info.value.field == field
+    msg = str(info.value)
+    assert f"'{field}'" in msg
+    for w in words:
+        assert w in msg
+
+
+def test_unknown_reasoning_gym_dataset(good):
+    cfg = dict(good, task={"datasets": [{"name": "basic_arithmetc"}], "test_size": 10, "train_size": 50})
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    assert info.value.field == "task.datasets[0].name"
+    assert "basic_arithmetic" in str(info.value)  # the suggestion
+    cfg["task"]["datasets"] = [{"name": "basic_arithmetic", "config": {"min_termz": 2}}]
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    assert info.value.field == "task.datasets[0].config"
+    cfg["task"]["datasets"] = [{"name": "basic_arithmetic", "path": "x.jsonl"}]
+    with pytest.raises(ConfigError, match="exactly one"):
+        load_config(cfg)
+    cfg["task"]["datasets"] = [{"path": "/nonexistent/data.jsonl"}]
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    assert info.value.field == "task.datasets[0].path"
+
+
+def test_model_dir_without_config_json(good, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError) as info:
+        load_config(_bad(good, "policies.0.model", str(tmp_path / "empty")))
+    assert info.value.field == "policies[0].model" and "config.json" in str(info.value)
+
+
+def test_sharing_needs_two_policies(good):
+    one = dict(good, policies=good["policies"][:1], sharing={"strategy": "sgt"})
+    with pytest.raises(ConfigError) as info:
+        load_config(one)
+    assert info.value.field == "sharing.strategy"
+    one["sharing"] = {"strategy": "independent"}
+    assert len(load_config(one).policies) == 1
+
+
+def test_good_config_builds_dataclasses(good):
+    good["grpo"]["epsilon_high"] = 0.28
+    good["policies"][1]["grpo"] = {"temperature": 0.7}
+    good["sharing"] = {"strategy": "xgrpo+sgt", "sgt_lambda": 0.2}
+    cfg = load_config(good)
+    assert isinstance(cfg, RunConfig)
+    assert cfg.steps == 3 and cfg.grpo.num_generations == 4
+    assert isinstance(cfg.grpo.epsilon_high, float) and cfg.grpo.epsilon_high == 0.28
+    assert cfg.policy_grpo(0).temperature == 1.0
+    b = cfg.policy_grpo(1)
+    assert isinstance(b, GRPOOptions) and b.temperature == 0.7 and b.num_generations == 4
+    assert cfg.sharing.strategy == "xgrpo+sgt" and cfg.sharing.sgt_lambda == 0.2
+    # YAML file round trip
+    assert load_config(yaml.safe_load(yaml.safe_dump(cfg.to_dict()))) == cfg
+
+
+def test_yaml_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(bad)
+
+
+# ----------------------------------------------------------------------------- the CLI
+CLI_CASES = [
+    ("stepz", 3, "stepz"),
+    ("steps", "ten", "steps"),
+    ("grpo.num_generations", 1, "grpo.num_generations"),
+    ("policies.0.model", "/nonexistent/model/dir", "policies[0].model"),
+    ("task.reward_functions", ["no_such_module_xyz:reward"], "task.reward_functions[0]"),
+    ("sharing.strategy", "sgtt", "sharing.strategy"),
+    ("steps", -5, "steps"),
+]
+
+
+@pytest.mark.parametrize("path, value, field", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_cli_train_bad_config_exits_2_and_creates_nothing(good, tmp_path, capsys, path, value, field):
+    cfg_path = tmp_path / "bad.yaml"
+    cfg_path.write_text(yaml.safe_dump(_bad(good, path, value)))
+    out = tmp_path / "run"
+    rc = main(["train", str(cfg_path), "-o", str(out), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert not out.exists()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("mutualrl: error:") and f"'{field}'" in err
+
+
+def test_cli_other_bad_inputs_exit_2(good, tmp_path, capsys):
+    cfg_path = tmp_path / "good.yaml"
+    cfg_path.write_text(yaml.safe_dump(good))
+    out = tmp_path / "run"
+    for argv in (["train", str(tmp_path / "missing.yaml"), "-o", str(out)],
+                 ["train", str(cfg_path), "-o", str(out), "--strategy", "xgrpoo"],
+                 ["train", str(cfg_path), "-o", str(out), "--steps", "0"],
+                 ["train", "--resume", str(tmp_path / "not_a_run")]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("mutualrl: error:"), (argv, err)
+        assert not out.exists()
+    assert not (Path.cwd() / "runs" / "missing").exists()

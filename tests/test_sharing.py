@@ -1,0 +1,389 @@
+"""Sharing strategies: batch construction on hand-made rows, PRP chunk weights, the update."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mutualrl.algorithms.sharing import (
+    OwnGroup,
+    PeerRows,
+    ShareContext,
+    TrainBatch,
+    TrainRow,
+    available_strategies,
+    build_batch,
+    check_strategy_name,
+)
+from mutualrl.algorithms.update import _chunk_weights, train_on_batch
+from mutualrl.config import GRPOOptions, SharingConfig
+from mutualrl.experience import GroupOutcome, Rollout, VerifiedSuccess
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Tiny models: one thread is fastest and keeps timings stable on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def task():
+    from mutualrl.zoo import default_task
+
+    return default_task(test_size=20, train_size=200)
+
+
+def _wrong(answer: str) -> str:
+    return str(int(answer) + 1)
+
+
+def _group(problem, rewards, prompt_len=3, comp_len=2, scores=None):
+    g = len(rewards)
+    return OwnGroup(problem, list(range(100, 100 + prompt_len)),
+                    [[10 + i] * comp_len for i in range(g)], [[-0.5] * comp_len for _ in range(g)],
+                    list(rewards), list(rewards if scores is None else scores))
+
+
+def _encode(text: str, eos: bool) -> list[int]:
+    return [ord(c) for c in text] + ([0] if eos else [])
+
+
+def _align(r: Rollout):
+    """A fake THL: one learner token per character, one chunk per two characters."""
+    if r.completion == "REFUSE":
+        return None
+    ids = [ord(c) for c in r.completion]
+    chunks = [(a, min(a + 2, len(ids)), -1.0) for a in range(0, len(ids), 2)]
+    return ids, chunks, {"chunks": float(len(chunks)), "noncanonical": 0.0}
+
+
+def _ctx(task, groups, records=(), *, options=None, **sharing):
+    return ShareContext(groups, PeerRows.from_records(list(records)), task, options or GRPOOptions(),
+                        SharingConfig(**sharing), _encode, _align)
+
+
+def _rollout(problem, text, reward=0.0, source="peer", idx=0):
+    return Rollout(problem.id, problem.question, text, source, "tok-peer", [1] * len(text), [-0.3] * len(text),
+                   reward, 0, idx)
+
+
+def _success(problem, text, source="peer"):
+    return VerifiedSuccess(problem.id, text, source, "add:verifier", 1.0, 0)
+
+
+# ----------------------------------------------------------------------------- names
+def test_registry_and_strategy_names():
+    assert {"independent", "prp", "xgrpo", "sgt"} <= set(available_strategies())
+    for ok in ("independent", "prp", "xgrpo", "sgt", "xgrpo+sgt", "prp+sgt", " sgt + xgrpo "):
+        assert check_strategy_name(ok) is None, ok
+    err = check_strategy_name("xgrpoo")
+    assert err and "did you mean 'xgrpo'" in err
+    assert "unknown strategy" in (check_strategy_name("sgt+foo") or "")
+    assert check_strategy_name("prp+xgrpo")
+    assert check_strategy_name("independent+sgt")
+    assert "twice" in (check_strategy_name("sgt+sgt") or "")
+    assert check_strategy_name("")
+
+
+# ----------------------------------------------------------------------------- independent / xgrpo
+def test_independent_uses_own_group_advantages(task):
+    p0, p1 = task.problems("train", 2)
+    batch = build_batch("independent", _ctx(task, [_group(p0, [1, 0, 0, 1]), _group(p1, [1, 1, 1, 1])]))
+    assert [r.kind for r in batch.rows] == ["own"] * 8
+    assert [r.advantage for r in batch.rows[:4]] == pytest.approx([0.8658754, -0.8658754, -0.8658754, 0.8658754])
+    assert [r.advantage for r in batch.rows[4:]] == [0.0] * 4
+    assert batch.metrics["zero_var_group_frac"] == 0.5
+    assert batch.rows[0].old_logprobs == [-0.5, -0.5]
+    assert batch.rows[0].prompt_ids == [100, 101, 102]
+
+
+def test_xgrpo_advantages_equal_the_pooled_formula_and_train_only_own_rows(task):
+    p0, p1 = task.problems("train", 2)
+    peers = [GroupOutcome.from_rewards(p0.id, "peer", [1.0, 1.0, 0.0, 0.0], 0),
+             _rollout(p0, p0.answer, 1.0), _success(p0, p0.answer)]
+    ctx = _ctx(task, [_group(p0, [1, 0, 0, 0]), _group(p1, [1, 0, 0, 1])], peers)
+    batch = build_batch("xgrpo", ctx)
+    assert all(r.kind == "own" for r in batch.rows) and len(batch.rows) == 8
+    # pool [1,0,0,0,1,1,0,0]: mean 3/8, unbiased std 0.5175492 -> (r - 0.375) / (0.5175492 + 1e-4)
+    assert [r.advantage for r in batch.rows[:4]] == pytest.approx([1.2073814, -0.7244289, -0.7244289, -0.7244289],
+                                                                  abs=1e-6)
+    # p1 has no peer outcome: its own-group advantages stay
+    assert [r.advantage for r in batch.rows[4:]] == pytest.approx([0.8658754, -0.8658754, -0.8658754, 0.8658754])
+    assert batch.metrics["xgrpo_pooled_prompts"] == 1
+    assert batch.metrics["xgrpo_peer_rewards"] == 4
+
+
+def test_xgrpo_gives_signal_to_a_zero_variance_group(task):
+    # own group all 0 (no GRPO signal); a peer solved it: pooled baseline makes own advantages negative
+    (p0,) = task.problems("train", 1)
+    ctx = _ctx(task, [_group(p0, [0, 0])], [GroupOutcome.from_rewards(p0.id, "peer", [1.0, 0.0], 0)])
+    adv = [r.advantage for r in build_batch("xgrpo", ctx).rows]
+    # pool [0,0,1,0]: mean 0.25, std 0.5 -> -0.25 / 0.5001
+    assert adv == pytest.approx([-0.25 / 0.5001] * 2)
+
+
+# ----------------------------------------------------------------------------- sgt
+def test_sgt_gate_closed_when_own_group_has_a_success(task):
+    (p0,) = task.problems("train", 1)
+    ctx = _ctx(task, [_group(p0, [1, 0, 0, 0])], [_success(p0, p0.answer)])
+    batch = build_batch("sgt", ctx)
+    assert [r.kind for r in batch.rows] == ["own"] * 4
+    assert batch.metrics["sgt_gate_open"] == 0
+    assert batch.metrics["sgt_rescue"] == 0
+
+
+def test_sgt_refuses_a_peer_success_that_fails_reverification(task):
+    (p0,) = task.problems("train", 1)
+    ctx = _ctx(task, [_group(p0, [0, 0, 0, 0])], [_success(p0, _wrong(p0.answer))])
+    batch = build_batch("sgt", ctx)
+    assert all(r.kind == "own" for r in batch.rows)
+    assert batch.metrics["sgt_gate_open"] == 1
+    assert batch.metrics["sgt_rescue"] == 0
+    assert batch.metrics["sgt_refused"] == 1
+
+
+def test_sgt_adds_one_rescue_row_when_open_and_verified(task):
+    (p0,) = task.problems("train", 1)
+    good = p0.answer
+    records = [_success(p0, _wrong(p0.answer)), _success(p0, good), _success(p0, good + "\n", source="peer2")]
+    ctx = _ctx(task, [_group(p0, [0, 0, 0, 0])], records, sgt_lambda=0.3)
+    batch = build_batch("sgt", ctx)
+    rescue = [r for r in batch.rows if r.kind == "rescue"]
+    assert len(rescue) == 1
+    assert rescue[0].weight == 0.3
+    assert rescue[0].completion_ids == _encode(good, True)
+    assert rescue[0].prompt_ids == [100, 101, 102]
+    assert batch.metrics["sgt_rescue"] == 1
+    assert batch.metrics["sgt_refused"] == 1  # the wrong one, seen before the good one
+
+
+def test_sgt_respects_max_per_step(task):
+    probs = task.problems("train", 3)
+    groups = [_group(p, [0, 0]) for p in probs]
+    records = [_success(p, p.answer) for p in probs]
+    batch = build_batch("sgt", _ctx(task, groups, records, sgt_max_per_step=2))
+    assert sum(r.kind == "rescue" for r in batch.rows) == 2
+    assert batch.metrics["sgt_gate_open"] == 3
+    batch0 = build_batch("sgt", _ctx(task, groups, records, sgt_max_per_step=0))
+    assert sum(r.kind == "rescue" for r in batch0.rows) == 0
+
+
+def test_xgrpo_plus_sgt_chains_both(task):
+    p0, p1 = task.problems("train", 2)
+    records = [GroupOutcome.from_rewards(p0.id, "peer", [1.0, 0.0], 0), _success(p0, p0.answer),
+               GroupOutcome.from_rewards(p1.id, "peer", [1.0, 1.0], 0)]
+    batch = build_batch("xgrpo+sgt", _ctx(task, [_group(p0, [0, 0]), _group(p1, [1, 0])], records))
+    assert [r.kind for r in batch.rows] == ["own"] * 4 + ["rescue"]
+    assert batch.metrics["xgrpo_pooled_prompts"] == 2
+    assert batch.metrics["sgt_rescue"] == 1
+    # p0 pooled [0,0,1,0] -> -0.25/0.5001; p1 pooled [1,0,1,1] -> mean .75, std .5
+    assert [r.advantage for r in batch.rows[:4]] == pytest.approx(
+        [-0.25 / 0.5001, -0.25 / 0.5001, 0.25 / 0.5001, -0.75 / 0.5001])
+
+
+# ----------------------------------------------------------------------------- prp
+def test_prp_adds_reverified_peer_rows_with_pooled_advantages(task):
+    (p0,) = task.problems("train", 1)
+    # the peer claims reward 1 for a wrong answer and 0 for the right one: the learner re-verifies
+    records = [_rollout(p0, p0.answer, 0.0, idx=0), _rollout(p0, _wrong(p0.answer), 1.0, idx=1),
+               _rollout(p0, "REFUSE", 1.0, idx=2)]
+    ctx = _ctx(task, [_group(p0, [1, 0, 0, 0])], records, prp_peer_weight=0.25, prp_max_peer_per_prompt=3)
+    batch = build_batch("prp", ctx)
+    own = [r for r in batch.rows if r.kind == "own"]
+    peer = [r for r in batch.rows if r.kind == "peer"]
+    assert len(own) == 4 and len(peer) == 2
+    # pool [1,0,0,0, 1,0]: mean 1/3, unbiased std 0.5163978
+    hi, lo = 1.2907445, -0.6453722
+    assert [r.advantage for r in own] == pytest.approx([hi, lo, lo, lo], abs=1e-6)
+    assert [r.advantage for r in peer] == pytest.approx([hi, lo], abs=1e-6)
+    assert peer[0].completion_ids == [ord(c) for c in p0.answer]
+    assert peer[0].peer_chunks == _align(records[0])[1]
+    assert peer[0].old_logprobs is None
+    assert all(r.weight == 0.25 for r in peer)
+    assert batch.metrics["prp_peer_samples"] == 2
+    assert batch.metrics["prp_refused"] == 1
+
+
+def test_prp_caps_peers_per_prompt(task):
+    (p0,) = task.problems("train", 1)
+    records = [_rollout(p0, p0.answer, idx=i, source=f"peer{i}") for i in range(5)]
+    batch = build_batch("prp", _ctx(task, [_group(p0, [0, 0])], records, prp_max_peer_per_prompt=2))
+    assert sum(r.kind == "peer" for r in batch.rows) == 2
+
+
+def test_prp_needs_thl(task):
+    (p0,) = task.problems("train", 1)
+    ctx = _ctx(task, [_group(p0, [0, 1])])
+    ctx.align_peer = None
+    with pytest.raises(RuntimeError, match="THL"):
+        build_batch("prp", ctx)
+
+
+def test_chunk_weights_are_truncated_chunk_ratios():
+    width = 5
+    own = TrainRow([1], [5, 6, 7], 0.5, [-1.0, -1.0, -1.0])
+    peer = TrainRow([1], [8, 9, 10, 11], 1.0, None, "peer", [(0, 1, -1.0), (1, 3, -2.5), (3, 4, -0.2)])
+    cur = torch.tensor([[0.0, 0.0, -3.0, -3.0, -3.0],
+                        [0.0, -1.5, -1.0, -1.0, -0.1]])
+    # chunk log-ratios: -1.5 - (-1.0) = -0.5; -2.0 - (-2.5) = 0.5; -0.1 - (-0.2) = 0.1
+    w, stats = _chunk_weights([own, peer], cur, width, clip=1.0)
+    assert w[0].tolist() == [1.0] * 5
+    assert w[1].tolist() == pytest.approx([1.0, math.exp(-0.5), 1.0, 1.0, 1.0])
+    assert stats["prp_ratio_max"] == pytest.approx(math.exp(0.5), rel=1e-5)
+    assert stats["prp_ratio_mean"] == pytest.approx((math.exp(-0.5) + math.exp(0.5) + math.exp(0.1)) / 3, rel=1e-5)
+    assert stats["prp_ratio_truncated_frac"] == pytest.approx(2 / 3)
+    # ESS fraction of the truncated weights [e^-0.5, 1, 1]: (sum)^2 / (n * sum of squares)
+    assert stats["prp_ess_frac"] == pytest.approx(0.9564116, abs=1e-6)
+    w2, stats2 = _chunk_weights([own, peer], cur, width, clip=1.2)
+    # both chunk-1 tokens carry the chunk's weight
+    assert w2[1].tolist() == pytest.approx([1.0, math.exp(-0.5), 1.2, 1.2, math.exp(0.1)], rel=1e-6)
+    assert stats2["prp_ratio_truncated_frac"] == pytest.approx(1 / 3)
+
+
+# ----------------------------------------------------------------------------- the update
+@pytest.fixture(scope="module")
+def gpt2_policy(tiny_models):
+    from mutualrl.policy import Policy
+
+    return Policy("a", str(tiny_models["tiny-gpt2"]),
+                  GRPOOptions(num_generations=2, max_completion_length=12, learning_rate=3e-2), seed=0)
+
+
+def test_sgt_rescue_term_raises_the_likelihood_of_the_success(gpt2_policy):
+    pol = gpt2_policy
+    prompt = pol.encode_prompt("Calculate 12 + 30.")
+    target = pol.encode_completion("42", True)
+    batch = TrainBatch([TrainRow(prompt, target, 0.0, None, "rescue", None, 1.0)])
+
+    def nll() -> float:
+        with torch.no_grad():
+            return -float(pol.logprobs([prompt], [target]).sum())
+
+    before = nll()
+    v0 = pol.version
+    for _ in range(5):
+        stats = train_on_batch(pol, batch)
+    assert "sgt_nll" in stats and math.isfinite(stats["loss"])
+    assert nll() < before - 0.5
+    assert pol.version == v0 + 5
+
+
+def test_update_mixes_long_own_rows_short_rescue_and_peer_rows(gpt2_policy):
+    """Rows of very different lengths in one batch (a rescue row shorter than the batch width)."""
+    pol = gpt2_policy
+    prompt = pol.encode_prompt("Calculate 1 + 2.")
+    long = [pol.tokenizer.convert_tokens_to_ids("1")] * 12
+    with torch.no_grad():
+        lp = pol.logprobs([prompt, prompt], [long, long[:5]])
+    own1 = TrainRow(prompt, long, 1.0, lp[0].tolist())
+    own2 = TrainRow(prompt, long[:5], -1.0, lp[1, -5:].tolist())
+    peer_ids = pol.encode_completion("3", True)
+    peer = TrainRow(prompt, peer_ids, 1.0, None, "peer", [(0, len(peer_ids) - 1, -2.0),
+                                                            (len(peer_ids) - 1, len(peer_ids), -0.1)], 0.5)
+    rescue = TrainRow(prompt[-1:], pol.encode_completion("3", True), 0.0, None, "rescue", None, 0.1)
+    stats = train_on_batch(pol, TrainBatch([own1, own2, peer, rescue]), prp_ratio_clip=1.0)
+    for k in ("prp_ratio_mean", "prp_ess_frac", "sgt_nll", "pg_loss", "grad_norm", "loss"):
+        assert math.isfinite(stats[k]), k
+    assert 0 < stats["prp_ess_frac"] <= 1.0
+
+
+def test_own_rows_logprob_mismatch_is_zero_at_first_iteration(gpt2_policy):
+    pol = gpt2_policy
+    prompt = pol.encode_prompt("Calculate 5 + 5.")
+    samples = pol.generate(["Calculate 5 + 5."], 2)
+    rows = [TrainRow(s.prompt_ids, s.completion_ids, a, s.logprobs) for s, a in zip(samples, [1.0, -1.0])]
+    assert rows[0].prompt_ids == prompt
+    stats = train_on_batch(pol, TrainBatch(rows))
+    assert stats["logprob_mismatch_max"] < 1e-4
+    assert stats["clip_frac"] == 0.0
+
+
+# ----------------------------------------------------------------------------- THL peer traces -> PRP weights
+@pytest.fixture(scope="module")
+def llama_policy(tiny_models):
+    from mutualrl.policy import Policy
+
+    return Policy("b", str(tiny_models["tiny-llama"]), GRPOOptions(num_generations=2, max_completion_length=12),
+                  seed=1)
+
+
+def test_prp_weights_equal_thl_chunk_ratios_truncated(gpt2_policy, llama_policy):
+    """A peer (Llama/Unigram) completion mapped by THL onto the learner (GPT-2/byte BPE): chunks tile
+    the learner tokens, keep the peer's total log-prob, and the PRP weight of every token is
+    min(exp(sum of learner log-probs over its chunk - peer chunk sum), c)."""
+    from mutualrl.thl.peer import peer_trace
+
+    learner, peer = gpt2_policy, llama_policy
+    text = "42 is the Answer"
+    q = "Calculate 12 + 30."
+    peer_ids = peer.encode_completion(text, True)
+    with torch.no_grad():
+        peer_lps = peer.logprobs([peer.encode_prompt(q)], [peer_ids])[0].tolist()
+    res = peer_trace(text, peer_ids, peer_lps, peer.tokenizer, learner.tokenizer)
+    assert res is not None
+    ids, chunks, residual = res
+    assert ids == learner.encode_completion(text, True)
+    assert residual["noncanonical"] == 0.0 and residual["chunks"] == len(chunks)
+    assert chunks[0][0] == 0 and chunks[-1][1] == len(ids)
+    assert all(a < b for a, b, _ in chunks)
+    assert all(chunks[k][1] == chunks[k + 1][0] for k in range(len(chunks) - 1))
+    assert sum(s for _, _, s in chunks) == pytest.approx(sum(peer_lps), abs=1e-5)
+    assert chunks[-1] == (len(ids) - 1, len(ids), pytest.approx(peer_lps[-1]))  # EOS maps to EOS
+
+    prompt = learner.encode_prompt(q)
+    row = TrainRow(prompt, ids, 1.0, None, "peer", chunks, 0.5)
+    width = len(ids) + 3
+    with torch.no_grad():
+        cur = learner.logprobs([prompt], [ids], width)
+    for clip in (1.0, 50.0):
+        w, stats = _chunk_weights([row], cur, width, clip)
+        off = width - len(ids)
+        assert w[0, :off].tolist() == [1.0] * off
+        ratios = []
+        for a, b, s in chunks:
+            r = math.exp(float(cur[0, off + a:off + b].sum()) - s)
+            ratios.append(r)
+            assert w[0, off + a:off + b].tolist() == pytest.approx([min(r, clip)] * (b - a), rel=1e-5)
+        assert stats["prp_ratio_max"] == pytest.approx(max(ratios), rel=1e-5)
+        assert float(w.max()) <= clip
+
+
+def test_peer_trace_noncanonical_ids_become_one_sequence_chunk(gpt2_policy, llama_policy):
+    from mutualrl.thl.peer import peer_trace
+
+    src, tgt = gpt2_policy.tokenizer, llama_policy.tokenizer
+    text = "Answer"
+    canonical = src(text, add_special_tokens=False)["input_ids"]
+    chars = [src.convert_tokens_to_ids(c) for c in text]
+    assert chars != canonical and src.unk_token_id not in chars
+    ids, chunks, residual = peer_trace(text, chars + [src.eos_token_id], [-0.5] * 7, src, tgt)
+    assert residual["noncanonical"] == 1.0
+    n = len(ids) - 1
+    assert chunks == [(0, n, pytest.approx(-3.0)), (n, n + 1, -0.5)]
+    assert ids[-1] == tgt.eos_token_id
+    # lengths that disagree are refused
+    assert peer_trace(text, chars, [-0.5] * 3, src, tgt) is None
+
+
+def test_update_with_several_iterations_and_kl(tiny_models):
+    """num_iterations reuses the stored old log-probs: the second iteration sees ratios != 1 and a
+    positive KL to the frozen reference."""
+    from mutualrl.policy import Policy
+
+    pol = Policy("k", str(tiny_models["tiny-gpt2"]),
+                 GRPOOptions(num_generations=4, max_completion_length=5, learning_rate=5e-2, beta=0.1,
+                             num_iterations=3), seed=0)
+    samples = pol.generate(["Calculate 5 + 5.", "Calculate 7 - 2."], 4)
+    rows = [TrainRow(s.prompt_ids, s.completion_ids, a, s.logprobs)
+            for s, a in zip(samples, [1.0, -1.0, 0.5, -0.5] * 2)]
+    v0 = pol.version
+    stats = train_on_batch(pol, TrainBatch(rows))
+    assert stats["logprob_mismatch_max"] < 1e-4
+    assert stats["kl"] > 0  # measured at the last iteration, after two optimizer steps
+    assert abs(stats["ratio_mean"] - 1.0) > 1e-4
+    assert pol.version == v0 + 1
