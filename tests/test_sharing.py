@@ -127,6 +127,22 @@ def test_xgrpo_gives_signal_to_a_zero_variance_group(task):
     assert adv == pytest.approx([-0.25 / 0.5001] * 2)
 
 
+def test_batch_scale_is_over_the_pooled_batch(task):
+    """scale_rewards=batch with a zero-variance own batch: the scale comes from the pooled rewards
+    (own + peers), not from the own batch alone (which would divide by eps: advantages of -2500)."""
+    (p0,) = task.problems("train", 1)
+    opts = GRPOOptions(scale_rewards="batch")
+    ctx = _ctx(task, [_group(p0, [0, 0])], [GroupOutcome.from_rewards(p0.id, "peer", [1.0, 0.0], 0)], options=opts)
+    # pooled batch [0, 0, 1, 0]: mean 0.25, unbiased std 0.5
+    assert [r.advantage for r in build_batch("xgrpo", ctx).rows] == pytest.approx([-0.25 / 0.5001] * 2)
+    ctx = _ctx(task, [_group(p0, [0, 0])], [_rollout(p0, p0.answer, idx=0), _rollout(p0, "x", idx=1)],
+               options=opts)
+    batch = build_batch("prp", ctx)
+    assert [r.advantage for r in batch.rows] == pytest.approx([-0.25 / 0.5001, -0.25 / 0.5001,
+                                                               0.75 / 0.5001, -0.25 / 0.5001])
+    assert max(abs(r.advantage) for r in batch.rows) < 2
+
+
 # ----------------------------------------------------------------------------- sgt
 def test_sgt_gate_closed_when_own_group_has_a_success(task):
     (p0,) = task.problems("train", 1)

@@ -147,8 +147,9 @@ def build_batch(spec: str, ctx: ShareContext) -> TrainBatch:
     return batch
 
 
-def _batch_std(ctx: ShareContext) -> float:
-    rewards = [r for g in ctx.groups for r in g.rewards]
+def _batch_std(ctx: ShareContext, extra: Sequence[float] = ()) -> float:
+    """Unbiased std of the step's own rewards plus ``extra`` (the peer rewards a strategy pools)."""
+    rewards = [r for g in ctx.groups for r in g.rewards] + list(extra)
     if len(rewards) < 2:
         return 0.0
     m = sum(rewards) / len(rewards)
@@ -180,7 +181,9 @@ def _own_rows_by_prompt(batch: TrainBatch, groups: list[OwnGroup]) -> list[list[
 
 @register_strategy("xgrpo")
 def _xgrpo(ctx: ShareContext, batch: TrainBatch) -> None:
-    bstd = _batch_std(ctx)
+    # the batch scale, like the baseline, is over every policy's rewards (own-only could be 0)
+    bstd = _batch_std(ctx, [r for g in ctx.groups for o in ctx.peers.outcomes.get(g.problem.id, [])
+                            for r in o.rewards])
     pooled_prompts, peer_rewards = 0, 0
     for g, rows in zip(ctx.groups, _own_rows_by_prompt(batch, ctx.groups), strict=True):
         peers = [r for o in ctx.peers.outcomes.get(g.problem.id, []) for r in o.rewards]
@@ -198,12 +201,12 @@ def _xgrpo(ctx: ShareContext, batch: TrainBatch) -> None:
 @register_strategy("prp")
 def _prp(ctx: ShareContext, batch: TrainBatch) -> None:
     s = ctx.sharing
-    bstd = _batch_std(ctx)
     n_peer, refused = 0, 0
     residual_sum: dict[str, float] = defaultdict(float)
     if ctx.align_peer is None:
         raise RuntimeError("prp needs THL (align_peer)")
-    for g, rows in zip(ctx.groups, _own_rows_by_prompt(batch, ctx.groups), strict=True):
+    per_group = []
+    for g in ctx.groups:
         peer_rolls = ctx.peers.rollouts.get(g.problem.id, [])[: s.prp_max_peer_per_prompt]
         aligned = []
         for r in peer_rolls:
@@ -216,6 +219,10 @@ def _prp(ctx: ShareContext, batch: TrainBatch) -> None:
             aligned.append((res, reward[0]))
             for k, v in res[2].items():
                 residual_sum[k] += v
+        per_group.append(aligned)
+    # the batch scale is over the pooled batch (own + peer rewards), like the baseline
+    bstd = _batch_std(ctx, [rw for aligned in per_group for _, rw in aligned])
+    for g, rows, aligned in zip(ctx.groups, _own_rows_by_prompt(batch, ctx.groups), per_group, strict=True):
         if not aligned:
             continue
         pool = list(g.rewards) + [rw for _, rw in aligned]
