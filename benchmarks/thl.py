@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     n = args.texts or (1000 if args.quick else 10000)
     rounds = args.rounds or 3
     wall0 = time.perf_counter()
+    git_rev = _git_rev()  # the code that runs, even if HEAD moves during the run
 
     texts = make_texts(n)
     chars = sum(len(t) for t in texts)
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": _machine(),
         "quick": bool(args.quick),
         "wall_s": time.perf_counter() - wall0,
-        "git_rev": _git_rev(),
+        "git_rev": git_rev,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

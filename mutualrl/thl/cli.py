@@ -97,6 +97,12 @@ def register(subparsers: Any) -> None:
     """Add ``thl report`` to the ``mutualrl`` command line."""
     thl = subparsers.add_parser("thl", help="Tokenizer Heterogeneity Layer tools")
     thl_sub = thl.add_subparsers(dest="thl_command", metavar="SUBCOMMAND")
+
+    def _help(args: argparse.Namespace) -> int:
+        thl.print_help()
+        return 2
+
+    thl.set_defaults(func=_help)
     rep = thl_sub.add_parser(
         "report",
         help="residual of aligning two tokenizers (round trips, non-1:1 text, chunk sizes)",
