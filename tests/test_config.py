@@ -46,6 +46,9 @@ BAD_CASES = [
     ("steps", 0, "steps", ["positive"]),
     ("grpo.num_generations", 1, "grpo.num_generations", [">= 2"]),
     ("policies.1.grpo", {"num_generations": 1}, "policies[1].grpo.num_generations", [">= 2"]),
+    ("policies.0.grpo", {"num_generationz": 4}, "policies[0].grpo.num_generationz", ["did you mean"]),
+    ("grpo.epsilon", 1.5, "grpo.epsilon", ["(0, 1)"]),
+    ("sharing.max_staleness", -1, "sharing.max_staleness", [">= 0"]),
     ("policies.0.model", "/nonexistent/model/dir", "policies[0].model", ["does not exist"]),
     ("policies.0.model", "zoo:gpt2-ad", "policies[0].model", ["unknown zoo policy", "did you mean"]),
     ("policies.1.name", "a", "policies[1].name", ["duplicate"]),
@@ -171,3 +174,17 @@ def test_cli_other_bad_inputs_exit_2(good, tmp_path, capsys):
         assert len(err.splitlines()) == 1 and err.startswith("mutualrl: error:"), (argv, err)
         assert not out.exists()
     assert not (Path.cwd() / "runs" / "missing").exists()
+
+
+def test_cli_bad_data_file_exits_2_and_creates_nothing(good, tmp_path, capsys):
+    """A JSONL file that exists but has a broken line fails before the run directory is written."""
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"question": "a", "answer": "1"}\n{"question": "b", "answer": \n')
+    cfg = dict(good, task={"datasets": [{"path": str(data)}], "test_size": 1, "train_size": 5})
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "run"
+    assert main(["train", str(cfg_path), "-o", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "bad.jsonl:2" in err
+    assert not out.exists()

@@ -143,3 +143,20 @@ def test_single_policy_reward_goes_up(tiny_models):
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.4, rewards
     assert last > 0.6, rewards
+
+
+def test_cli_train_writes_a_run_directory(tiny_models, digits_file, tmp_path, capsys):
+    import yaml
+
+    from mutualrl.cli import main
+
+    cfg_path = tmp_path / "run.yaml"
+    cfg_path.write_text(yaml.safe_dump(_config(tiny_models, digits_file, "independent")))
+    out = tmp_path / "out"
+    assert main(["train", str(cfg_path), "-o", str(out), "--steps", "1", "--strategy", "sgt", "--no-progress"]) == 0
+    assert "run directory" in capsys.readouterr().out
+    cfg = load_config(str(out / "config.yaml"))
+    assert cfg.steps == 1 and cfg.sharing.strategy == "sgt"
+    train = [r for r in _read_metrics(out) if r.get("event") is None]
+    assert len(train) == 2 and all("sgt_rescue" in r for r in train)
+    assert latest_checkpoint(out) is not None
