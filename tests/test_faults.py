@@ -109,7 +109,7 @@ def test_kill9_at_fault_points_then_exact_resume(tiny_models: dict[str, Path], r
     B = _bench()
     from mutualrl.trainer import MutualTrainer
 
-    steps = 6
+    steps = 4  # checkpoints at 2 and 4; killed while writing the one at 4
     cfg = B.run_config(tiny_models, steps)
     ref = tmp_path / "ref"
     B.train_in_process(cfg, ref)
