@@ -26,6 +26,9 @@ def reward_digit_start(prompts, completions, **columns):
     return [1.0 if c[:1].isdigit() else 0.0 for c in completions]
 
 
+REWARD_FN = f"{__name__}:reward_digit_start"
+
+
 @pytest.fixture(scope="module")
 def digits_file(tmp_path_factory) -> Path:
     """Single-digit sums, so that untrained models sometimes succeed (the verifier takes the last digit)."""
@@ -40,7 +43,7 @@ def _config(tiny_models, digits_file, strategy: str) -> dict:
         "policies": [{"name": "a", "model": str(tiny_models["tiny-gpt2"])},
                      {"name": "b", "model": str(tiny_models["tiny-llama"])}],
         "task": {"datasets": [{"path": str(digits_file), "alias": "digits"}], "test_size": 8, "train_size": 40,
-                 "answer_extraction": r"regex:(\d)", "reward_functions": ["test_trainer:reward_digit_start"]},
+                 "answer_extraction": r"regex:(\d)", "reward_functions": [REWARD_FN]},
         "grpo": {"num_generations": 4, "max_completion_length": 4, "learning_rate": 1e-2},
         "sharing": {"strategy": strategy},
         "steps": 2, "prompts_per_step": 4, "eval_every": 2, "eval_size": 8, "checkpoint_every": 1,
@@ -131,7 +134,7 @@ def test_single_policy_reward_goes_up(tiny_models):
     cfg = {
         "policies": [{"name": "a", "model": str(tiny_models["tiny-gpt2"])}],
         "task": {"preset": "zoo", "test_size": 4, "train_size": 100,
-                 "reward_functions": ["test_trainer:reward_digit_start"]},
+                 "reward_functions": [REWARD_FN]},
         "grpo": {"num_generations": 8, "max_completion_length": 3, "learning_rate": 3e-2, "loss_type": "grpo"},
         "steps": 15, "prompts_per_step": 4, "eval_every": 1000, "eval_size": 2, "checkpoint_every": 1000,
         "threads": 1, "seed": 0,
