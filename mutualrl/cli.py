@@ -19,6 +19,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("mutualrl.commands", "register"),
     ("mutualrl.thl.cli", "register"),
     ("mutualrl.realmodels", "register"),
+    ("mutualrl.allocation.cli", "register"),
 ]
 
 

@@ -137,6 +137,10 @@ class RunConfig:
     threads: int | None = None
     """torch threads per worker (default: the allocation decides)."""
     step_timeout_s: float = 600.0
+    sync: Literal["sync", "async"] = "sync"
+    """``sync``: a barrier per step phase. ``async``: a faster policy may run up to
+    ``sharing.max_staleness`` steps ahead of the slowest (evaluations and checkpoints still
+    wait for everyone)."""
     tensorboard: bool = False
     output_dir: str | None = None
 

@@ -286,6 +286,11 @@ class PolicyWorker:
                 "tokenizer": self.policy.tokenizer_id, "model_type": self.policy.model.config.model_type,
                 "vocab_size": len(self.policy.tokenizer), "pid": os.getpid()}
 
+    def set_threads(self, n: int) -> int:
+        """Change this worker's torch intra-op threads (MWRA re-plans); returns the count in force."""
+        torch.set_num_threads(max(1, int(n)))
+        return torch.get_num_threads()
+
     def close(self) -> None:
         try:
             self.exchange.close()

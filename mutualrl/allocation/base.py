@@ -8,6 +8,7 @@ step. Only JSON-able values cross the boundary (step numbers in, metric dicts ou
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,29 @@ class Scheduler(ABC):
         """Call ``method`` on one worker (default: via :meth:`call` semantics)."""
         raise NotImplementedError
 
+    # asynchronous use (the trainer's ``sync: async`` mode): one call in flight per worker
+    def submit(self, index: int, method: str, *args: Any) -> None:
+        """Start ``method(*args)`` on worker ``index`` without waiting (default: run it now)."""
+        if not hasattr(self, "_done"):
+            self._done: deque[tuple[int, Any]] = deque()
+        try:
+            result = self.call_one(index, method, *args)
+        except WorkerFailed:
+            raise
+        except Exception as exc:  # name the worker, as call() does
+            raise WorkerFailed(str(index), f"{type(exc).__name__}: {exc}") from exc
+        self._done.append((index, result))
+
+    def collect(self, timeout: float) -> tuple[int, Any]:
+        """Wait for the next finished submitted call: ``(worker index, result)``.
+
+        Raises :class:`WorkerFailed` if that worker failed or nothing finished within ``timeout``.
+        """
+        done = getattr(self, "_done", None)
+        if not done:
+            raise WorkerFailed("?", "collect() called with no call in flight")
+        return done.popleft()
+
     @abstractmethod
     def close(self) -> None:
         """Stop the workers (idempotent)."""
@@ -56,11 +80,18 @@ class SequentialScheduler(Scheduler):
     def start(self, cfg: RunConfig, run_dir: Path | None) -> list[dict[str, Any]]:
         import torch
 
-        from mutualrl.worker import PolicyWorker
+        from mutualrl.worker import PolicyWorker, exchange_url
 
         threads = self.threads or cfg.threads
         if threads:
             torch.set_num_threads(threads)
+        if exchange_url(cfg, run_dir) == "memory://":
+            # a bare memory:// store is private to whoever opens it: give this run's workers one
+            # shared store, named uniquely so that no earlier run's rows are visible
+            import dataclasses
+            import uuid
+
+            cfg = dataclasses.replace(cfg, exchange=f"memory://run-{uuid.uuid4().hex}")
         self.workers = [PolicyWorker(cfg, i, run_dir) for i in range(len(cfg.policies))]
         return [w.info() for w in self.workers]
 

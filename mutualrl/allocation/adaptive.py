@@ -1,0 +1,98 @@
+"""The allocation a scheduler keeps for a run: initial plan, online calibration, re-planning."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mutualrl.allocation.cost import CostModel, estimate_parameters
+from mutualrl.allocation.planner import Allocation, Placement, Resources, plan, should_replan
+from mutualrl.config import RunConfig
+
+
+class AdaptivePlan:
+    """Plans a run's workers, folds their step metrics into the cost model and re-plans.
+
+    Args:
+        cfg: the run config.
+        resources: what may be handed out.
+        threads: a fixed thread count per worker (user's choice: never re-planned).
+        allocation: a fixed allocation to use instead of planning (never re-planned).
+        replan_threshold: re-plan when the calibrated max/min busy time exceeds this.
+        calibrate_steps: measured steps before the first re-plan check.
+        verbose: print plans to stderr.
+    """
+
+    def __init__(self, cfg: RunConfig, resources: Resources, *, threads: int | None = None,
+                 allocation: Allocation | None = None, replan_threshold: float = 1.25,
+                 calibrate_steps: int = 2, verbose: bool = True) -> None:
+        self.cfg = cfg
+        self.resources = resources
+        self.costs = CostModel(cfg, estimate_parameters(cfg))
+        self.replan_threshold = replan_threshold
+        self.calibrate_steps = calibrate_steps
+        self.verbose = verbose
+        self.fixed = allocation is not None or threads is not None
+        if allocation is not None:
+            self.allocation = allocation
+        else:
+            self.allocation = plan(cfg, resources, self.costs)
+            if threads is not None:
+                self.allocation = _with_threads(self.allocation, threads)
+        self.history: list[dict[str, Any]] = [{"step": None, "reason": "initial", **self.allocation.to_dict()}]
+        self._rollouts: dict[int, dict[str, Any]] = {}
+        self._last_replan_step = -10**9
+
+    def set_params(self, params: list[int]) -> None:
+        """Exact parameter counts from the started workers."""
+        self.costs.params = list(params)
+
+    def observe(self, index: int, method: str, result: Any, cpu_s: float | None = None) -> None:
+        """Fold one worker's ``rollout``/``update`` metrics (and the call's CPU time) into the calibration."""
+        if not isinstance(result, dict):
+            return
+        if method == "rollout":
+            self._rollouts[index] = (result, cpu_s)
+        elif method == "update":
+            roll, roll_cpu = self._rollouts.pop(index, (None, None))
+            self.costs.observe(index, roll, result, self.allocation.placements[index].cpu_share,
+                               rollout_cpu_s=roll_cpu, update_cpu_s=cpu_s)
+
+    def maybe_replan(self, step: int | None) -> Allocation | None:
+        """A better allocation when calibration shows imbalance above the threshold, else ``None``."""
+        if self.fixed or self.costs.measurements < self.calibrate_steps:
+            return None
+        if step is not None and step - self._last_replan_step < self.calibrate_steps:
+            return None
+        new = should_replan(self.allocation, self.costs, self.resources, self.replan_threshold)
+        if new is None or [(p.threads, p.nice, p.node, p.gpu) for p in new.placements] == \
+                [(p.threads, p.nice, p.node, p.gpu) for p in self.allocation.placements]:
+            return None
+        self._last_replan_step = step if step is not None else 0
+        self.allocation = new
+        self.history.append({"step": step, "reason": "calibrated imbalance", "time": time.time(), **new.to_dict()})
+        self.say(f"MWRA re-plan after step {step}:\n{new.describe()}")
+        return new
+
+    def say(self, text: str) -> None:
+        if self.verbose:
+            print(text, file=sys.stderr, flush=True)
+
+    def write(self, run_dir: Path | None) -> None:
+        """Write ``allocation.json`` (every plan of the run and the cost model) into ``run_dir``."""
+        if run_dir is None:
+            return
+        try:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            (Path(run_dir) / "allocation.json").write_text(
+                json.dumps({"plans": self.history, "costs": self.costs.to_dict()}, indent=1))
+        except OSError:  # informational only
+            pass
+
+
+def _with_threads(alloc: Allocation, threads: int) -> Allocation:
+    out = [Placement(**{**p.__dict__, "threads": threads, "nice": 0}) for p in alloc.placements]
+    return Allocation(out, alloc.resources, "fixed", alloc.calibrated)

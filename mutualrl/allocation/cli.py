@@ -1,0 +1,58 @@
+"""``mutualrl plan CONFIG.yaml``: print the MWRA allocation of a run without training."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from mutualrl.errors import UserError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``plan`` subcommand."""
+    p = sub.add_parser("plan", help="print the MWRA resource plan of a config (no training)",
+                       description="Predict each policy's per-step cost from parameters x tokens and print how "
+                       "the workers would share this machine (or the given resources, or a Ray cluster).")
+    p.add_argument("config", help="YAML run config")
+    p.add_argument("--resources", help="plan for these instead of this machine: cpus=N[,gpus=NxGiB]")
+    p.add_argument("--ray", action="store_true", help="plan for the Ray cluster (RAY_ADDRESS or a local one)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=cmd_plan)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Print the plan; exit code 2 for bad input."""
+    from mutualrl.allocation.cost import CostModel, estimate_parameters
+    from mutualrl.allocation.planner import Resources, plan
+    from mutualrl.config import load_config
+
+    cfg = load_config(args.config, check_paths=False)
+    started = False
+    if args.ray:
+        from mutualrl.allocation.ray_scheduler import connect_ray
+
+        started = connect_ray()
+        resources = Resources.from_ray()
+    elif args.resources:
+        try:
+            resources = Resources.parse(args.resources)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    else:
+        resources = Resources.detect()
+    try:
+        costs = CostModel(cfg, estimate_parameters(cfg))
+        alloc = plan(cfg, resources, costs)
+        if args.json:
+            print(json.dumps({"plan": alloc.to_dict(), "costs": costs.to_dict()}, indent=1))
+        else:
+            print(alloc.describe())
+            unknown = [p.name for p, n in zip(cfg.policies, costs.params, strict=True) if not n]
+            if unknown:
+                print(f"note: parameter count unknown offline for {', '.join(unknown)}; assumed the mean")
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    return 0

@@ -1,0 +1,280 @@
+"""MWRA cost model: predicted work of one policy per step, calibrated online.
+
+The prediction is in FLOPs from parameters x tokens (attention's quadratic term is ignored; at
+our sequence lengths it is small next to the weights):
+
+* rollout: ``2 * P`` per token processed with a KV cache (prompt prefill + generated tokens);
+* update: ``6 * P`` per trained token per optimizer iteration (forward + backward), plus
+  ``2 * P`` per token to recompute the old log-probs, plus ``2 * P`` for the reference model
+  when ``beta > 0``.
+
+FLOPs are turned into seconds by a per-policy, per-phase factor: *core-seconds per predicted
+FLOP*, starting from a generic prior and then an exponential moving average of what the workers
+measure (``rollout_s`` / ``update_s`` of their step metrics, which contain ``generate_s`` /
+``train_s`` plus the overheads around them, so rewards, publishing and THL are charged too).
+Core-seconds are converted to wall seconds for a share of ``s`` cores with Amdahl's law,
+``t(s) = t1 * ((1 - f) + f / s)``, ``f`` = :attr:`CostModel.parallel_fraction`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mutualrl.config import RunConfig
+
+PRIOR_CORE_S_PER_FLOP = 1.0e-10
+"""Prior: 10 GFLOP/s per CPU core, before any measurement."""
+PRIOR_GPU_S_PER_FLOP = 1.0e-13
+"""Prior for a whole GPU (about 10 TFLOP/s effective)."""
+PROMPT_TOKENS_GUESS = 16
+"""Prompt length assumed before any measurement (tokens)."""
+
+
+@dataclass
+class PhaseCost:
+    """Predicted FLOPs of one policy's rollout and update for one step."""
+
+    rollout_flops: float
+    update_flops: float
+
+    @property
+    def total_flops(self) -> float:
+        return self.rollout_flops + self.update_flops
+
+
+def rollout_flops(params: int, prompts: int, generations: int, prompt_tokens: float,
+                  completion_tokens: float) -> float:
+    """FLOPs of sampling ``prompts x generations`` completions with a KV cache."""
+    return 2.0 * params * prompts * generations * (prompt_tokens + completion_tokens)
+
+
+def update_flops(params: int, sequences: float, tokens_per_sequence: float, num_iterations: int,
+                 beta: float = 0.0) -> float:
+    """FLOPs of one GRPO update on ``sequences`` sequences (old log-probs + iterations + ref)."""
+    per_token = 2.0 + 6.0 * num_iterations + (2.0 if beta > 0 else 0.0)
+    return per_token * params * sequences * tokens_per_sequence
+
+
+def predict_step(cfg: RunConfig, index: int, params: int, prompt_tokens: float = PROMPT_TOKENS_GUESS) -> PhaseCost:
+    """Predicted FLOPs of policy ``index``'s step from the config (completions at full length)."""
+    g = cfg.policy_grpo(index)
+    k = len(cfg.policies)
+    n_seq = float(cfg.prompts_per_step * g.num_generations)
+    if "prp" in cfg.sharing.strategy and k > 1:
+        n_seq += cfg.prompts_per_step * min(cfg.sharing.prp_max_peer_per_prompt, g.num_generations * (k - 1))
+    roll = rollout_flops(params, cfg.prompts_per_step, g.num_generations, prompt_tokens, g.max_completion_length)
+    upd = update_flops(params, n_seq, prompt_tokens + g.max_completion_length, g.num_iterations, g.beta)
+    return PhaseCost(roll, upd)
+
+
+@dataclass
+class _Ema:
+    value: float
+    n: int = 0
+
+    def update(self, x: float, alpha: float) -> None:
+        # the first measurement replaces the prior outright
+        self.value = x if self.n == 0 else (1 - alpha) * self.value + alpha * x
+        self.n += 1
+
+
+@dataclass
+class CostModel:
+    """Per-policy step cost (FLOPs) and its online calibration to seconds.
+
+    Args:
+        cfg: the run config (token counts, group sizes, iterations, sharing).
+        params: parameter count of each policy (``None`` entries: unknown, treated as the mean).
+        alpha: EMA weight of a new measurement.
+        parallel_fraction: Amdahl fraction ``f`` used to scale between core shares.
+    """
+
+    cfg: RunConfig
+    params: list[int | None]
+    alpha: float = 0.5
+    parallel_fraction: float = 0.9
+    prompt_tokens: float = PROMPT_TOKENS_GUESS
+    _roll: list[_Ema] = field(default_factory=list)
+    _upd: list[_Ema] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        k = len(self.cfg.policies)
+        if len(self.params) != k:
+            raise ValueError(f"params has {len(self.params)} entries for {k} policies")
+        if not self._roll:
+            self._roll = [_Ema(PRIOR_CORE_S_PER_FLOP) for _ in range(k)]
+            self._upd = [_Ema(PRIOR_CORE_S_PER_FLOP) for _ in range(k)]
+
+    # ------------------------------------------------------------------ predictions
+    def effective_params(self, index: int) -> int:
+        """Parameters of policy ``index`` (the mean of the known ones if unknown)."""
+        p = self.params[index]
+        if p:
+            return int(p)
+        known = [q for q in self.params if q]
+        return int(sum(known) / len(known)) if known else 1_000_000
+
+    def flops(self, index: int) -> PhaseCost:
+        """Predicted FLOPs of policy ``index`` for one step."""
+        return predict_step(self.cfg, index, self.effective_params(index), self.prompt_tokens)
+
+    def core_seconds(self, index: int) -> tuple[float, float]:
+        """Predicted (rollout, update) busy time of policy ``index`` on one whole core."""
+        c = self.flops(index)
+        return c.rollout_flops * self._roll[index].value, c.update_flops * self._upd[index].value
+
+    def seconds(self, index: int, cores: float) -> tuple[float, float]:
+        """Predicted (rollout, update) busy time with a share of ``cores`` cores (Amdahl)."""
+        r, u = self.core_seconds(index)
+        factor = self.scale(cores)
+        return r * factor, u * factor
+
+    def scale(self, cores: float) -> float:
+        """Wall time on ``cores`` cores relative to one core."""
+        f = self.parallel_fraction
+        return (1.0 - f) + f / max(cores, 1e-6)
+
+    @property
+    def calibrated(self) -> bool:
+        """True once every policy has at least one measured rollout and update."""
+        return all(e.n > 0 for e in self._roll + self._upd)
+
+    @property
+    def measurements(self) -> int:
+        """The smallest number of measured steps over policies and phases."""
+        return min(e.n for e in self._roll + self._upd)
+
+    # ------------------------------------------------------------------ calibration
+    def observe(self, index: int, rollout: dict[str, Any] | None, update: dict[str, Any] | None,
+                cores: float, rollout_cpu_s: float | None = None, update_cpu_s: float | None = None) -> None:
+        """Fold one step's worker metrics (measured with a share of ``cores``) into the calibration.
+
+        The work of a phase is the CPU time the worker process spent in it (``*_cpu_s``, summed
+        over its threads) when the scheduler measured it -- this does not depend on how many
+        cores the worker really got; otherwise ``rollout_s`` (``generate_s``) and ``update_s``
+        (``train_s``) of the metrics are converted to one core with Amdahl's law at ``cores``.
+        FLOPs use the measured token counts (``gen_tokens``, ``train_tokens``).
+        """
+        p = self.effective_params(index)
+        g = self.cfg.policy_grpo(index)
+        scale = self.scale(cores)
+        n_gen = self.cfg.prompts_per_step * g.num_generations
+        if rollout:
+            secs = _first(rollout, "rollout_s", "generate_s")
+            if rollout_cpu_s is not None and rollout_cpu_s > 0:
+                secs, scale = rollout_cpu_s, 1.0
+            toks = rollout.get("gen_tokens")
+            if secs is not None and secs > 0:
+                gen = float(toks) / n_gen if toks else float(g.max_completion_length)
+                fl = rollout_flops(p, self.cfg.prompts_per_step, g.num_generations, self.prompt_tokens, gen)
+                self._roll[index].update(secs / scale / fl, self.alpha)
+        if update:
+            secs = _first(update, "update_s", "train_s")
+            scale = self.scale(cores)
+            if update_cpu_s is not None and update_cpu_s > 0:
+                secs, scale = update_cpu_s, 1.0
+            toks = update.get("train_tokens")
+            if secs is not None and secs > 0:
+                if toks:
+                    n_rows = float(n_gen + (update.get("prp_peer_samples") or 0))
+                    fl = update_flops(p, n_rows, self.prompt_tokens + float(toks) / n_rows, g.num_iterations, g.beta)
+                else:
+                    fl = self.flops(index).update_flops
+                self._upd[index].update(secs / scale / max(fl, 1.0), self.alpha)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able state: parameters, FLOPs and the calibrated factors per policy."""
+        out = []
+        for i, pol in enumerate(self.cfg.policies):
+            c = self.flops(i)
+            r, u = self.core_seconds(i)
+            out.append({"policy": pol.name, "params": self.effective_params(i),
+                        "rollout_flops": c.rollout_flops, "update_flops": c.update_flops,
+                        "rollout_core_s": r, "update_core_s": u,
+                        "rollout_s_per_flop": self._roll[i].value, "update_s_per_flop": self._upd[i].value,
+                        "measured_steps": min(self._roll[i].n, self._upd[i].n)})
+        return {"parallel_fraction": self.parallel_fraction, "policies": out}
+
+
+def _first(d: dict[str, Any], *keys: str) -> float | None:
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            return float(v)
+    return None
+
+
+# ----------------------------------------------------------------------------- parameter counts
+def count_parameters(model_ref: str, seed: int = 0) -> int | None:
+    """Parameters of a model reference without loading weights (``None`` when unknown offline).
+
+    Local directories and built zoo policies are read from ``config.json`` and instantiated on
+    the ``meta`` device; an unbuilt ``zoo:`` policy is sized from its spec (nothing is built).
+    """
+    try:
+        if model_ref.startswith("zoo:"):
+            return _zoo_params(model_ref[4:], seed)
+        if model_ref.startswith("real:"):
+            from mutualrl.policy import resolve_model_path
+
+            return _dir_params(Path(resolve_model_path(model_ref, seed)))
+        p = Path(model_ref).expanduser()
+        if (p / "config.json").is_file():
+            return _dir_params(p)
+    except Exception:  # noqa: BLE001 - planning must not fail on an odd model; equal cost then
+        return None
+    return None
+
+
+def _meta_count(build: Any) -> int:
+    import torch
+
+    with torch.device("meta"):
+        model = build()
+    return int(sum(p.numel() for p in model.parameters()))
+
+
+def _dir_params(path: Path) -> int | None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    json.loads((path / "config.json").read_text())  # fail early on a broken file
+    cfg = AutoConfig.from_pretrained(str(path))
+    return _meta_count(lambda: AutoModelForCausalLM.from_config(cfg))
+
+
+class _SizedTokenizer:
+    """Just enough of a tokenizer for :func:`mutualrl.zoo.build_model` to size a model."""
+
+    bos_token_id = 0
+    eos_token_id = 1
+    pad_token_id = 2
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def _zoo_params(name: str, seed: int) -> int | None:
+    from mutualrl import zoo
+
+    spec = zoo.ZOO.get(name)
+    if spec is None:
+        return None
+    try:
+        built = zoo.policy_dir(name, seed)
+        if (built / "config.json").is_file():
+            return _dir_params(built)
+    except Exception:  # noqa: BLE001 - fall back to the spec
+        pass
+    return _meta_count(lambda: zoo.build_model(spec, _SizedTokenizer(spec.vocab_size)))
+
+
+def estimate_parameters(cfg: RunConfig) -> list[int | None]:
+    """:func:`count_parameters` for every policy of a run."""
+    return [count_parameters(p.model, cfg.seed) for p in cfg.policies]

@@ -1,0 +1,335 @@
+"""LocalScheduler: one OS process per policy worker on this machine, JSON lines over pipes.
+
+Each worker is ``python -m mutualrl.allocation.worker_main`` with its torch threads (and CPU
+priority) from the MWRA plan. Requests to all workers are written first and the replies gathered
+afterwards, so the workers compute concurrently; every call has a deadline
+(``cfg.step_timeout_s``): a worker that exits, closes its pipe, raises or does not answer in
+time raises :class:`~mutualrl.allocation.base.WorkerFailed` naming it (a hung process is killed).
+Only JSON crosses the process boundary: the config as a dict, method names, step numbers and
+metric dicts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from mutualrl.allocation.adaptive import AdaptivePlan
+from mutualrl.allocation.base import Scheduler, WorkerFailed
+from mutualrl.allocation.planner import Allocation, Resources
+from mutualrl.config import RunConfig
+
+
+@dataclass
+class _Proc:
+    index: int
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+    log: IO[bytes]
+    buf: bytes = b""
+    next_id: int = 0
+    inflight: tuple[int, str, float] | None = None
+    """(request id, method, deadline) of the call in flight."""
+    replies: list[dict[str, Any]] = field(default_factory=list)
+
+
+def exchange_for_processes(cfg: RunConfig, run_dir: Path | None, scratch: Path) -> str:
+    """An exchange URL every worker process can open: ``memory://`` is per process, so a run
+    without a run directory gets a sqlite file in ``scratch``."""
+    ex = cfg.exchange
+    if ex == "sqlite":
+        base = Path(run_dir) if run_dir is not None else scratch
+        return f"sqlite:///{(base / 'exchange.db').resolve()}"
+    if ex.startswith("memory://"):
+        base = Path(run_dir) if run_dir is not None else scratch
+        return f"sqlite:///{(base / 'exchange.db').resolve()}"
+    return ex
+
+
+def log_tail(path: Path, n_bytes: int = 1500) -> str:
+    """The last bytes of a worker's log, for error messages."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - n_bytes))
+            return fh.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+class LocalScheduler(Scheduler):
+    """One subprocess per policy worker; concurrent calls with a per-call timeout.
+
+    Args:
+        threads: torch threads per worker (default: the MWRA plan decides).
+        resources: the resources to plan for (default: this machine).
+        allocation: use this plan as is (no planning, no re-planning).
+        replan_threshold: re-plan when calibrated busy times differ by more than this factor.
+        verbose: print the plan (and re-plans) to stderr.
+        start_timeout_s: deadline for starting the workers (at least ``step_timeout_s``).
+    """
+
+    name = "local"
+
+    def __init__(self, threads: int | None = None, *, resources: Resources | None = None,
+                 allocation: Allocation | None = None, replan_threshold: float = 1.25,
+                 verbose: bool = True, start_timeout_s: float = 300.0) -> None:
+        self.threads = threads
+        self.start_timeout_s = start_timeout_s
+        self.resources = resources
+        self.fixed_allocation = allocation
+        self.replan_threshold = replan_threshold
+        self.verbose = verbose
+        self.procs: list[_Proc] = []
+        self.plan: AdaptivePlan | None = None
+        self.timeout = 600.0
+        self.run_dir: Path | None = None
+        self._scratch: Path | None = None
+        self._last_method: dict[int, str] = {}
+        self.last_cpu_s: dict[int, float | None] = {}
+        """CPU time (all threads) of each worker's last call, as the worker measured it."""
+        self.last_wall_s: dict[int, float | None] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, cfg: RunConfig, run_dir: Path | None) -> list[dict[str, Any]]:
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        # starting (imports, model load) may take longer than a step on a busy machine
+        self.timeout = max(float(cfg.step_timeout_s), self.start_timeout_s)
+        self.plan = AdaptivePlan(cfg, self.resources or Resources.detect(), threads=self.threads or cfg.threads,
+                                 allocation=self.fixed_allocation, replan_threshold=self.replan_threshold,
+                                 verbose=self.verbose)
+        self.plan.say(self.plan.allocation.describe())
+        self._scratch = Path(tempfile.mkdtemp(prefix="mutualrl-local-"))
+        data = cfg.to_dict()
+        data["exchange"] = exchange_for_processes(cfg, self.run_dir, self._scratch)
+        logs = (self.run_dir / "logs") if self.run_dir is not None else self._scratch
+        logs.mkdir(parents=True, exist_ok=True)
+        try:
+            for i, pol in enumerate(cfg.policies):
+                pl = self.plan.allocation.placements[i]
+                self.procs.append(self._spawn(i, pol.name, pl.threads, logs / f"worker-{i}-{pol.name}.log"))
+            for p in self.procs:
+                pl = self.plan.allocation.placements[p.index]
+                self._send(p, "__init__", [data, p.index, str(self.run_dir) if self.run_dir else None,
+                                           pl.threads, pl.nice])
+            infos = self._gather(list(range(len(self.procs))))
+            self.timeout = float(cfg.step_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        self.plan.set_params([int(info.get("params") or 0) or None for info in infos])  # type: ignore[misc]
+        self.plan.write(self.run_dir)
+        return infos
+
+    def _spawn(self, index: int, name: str, threads: int, log_path: Path) -> _Proc:
+        env = dict(os.environ)
+        env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+                    "OPENBLAS_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
+                    "PYTHONUNBUFFERED": "1", "MUTUALRL_WORKER": name})
+        # idle OpenMP threads sleep instead of spinning: workers share cores with each other
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        log = open(log_path, "ab")
+        popen = subprocess.Popen([sys.executable, "-m", "mutualrl.allocation.worker_main"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=log, env=env, close_fds=True)
+        os.set_blocking(popen.stdout.fileno(), False)  # type: ignore[union-attr]
+        return _Proc(index, name, popen, log_path, log)
+
+    def close(self) -> None:
+        """Ask every worker to exit, then stop what is left (idempotent)."""
+        procs, self.procs = self.procs, []
+        for p in procs:
+            if p.popen.poll() is None and p.inflight is None:
+                try:
+                    self._send(p, "__exit__", [])
+                except WorkerFailed:
+                    pass
+        deadline = time.monotonic() + 10.0
+        for p in procs:
+            try:
+                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()) if p.inflight is None else 0.1)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait()
+            for fh in (p.popen.stdin, p.popen.stdout, p.log):
+                try:
+                    fh.close()  # type: ignore[union-attr]
+                except (OSError, AttributeError):
+                    pass
+        if self.plan is not None:
+            self.plan.write(self.run_dir)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+
+    # ------------------------------------------------------------------ calls
+    def call(self, method: str, *args: Any) -> list[Any]:
+        for p in self.procs:
+            self._send(p, method, list(args))
+        results = self._gather(list(range(len(self.procs))))
+        if method in ("rollout", "update") and self.plan is not None:
+            for i, r in enumerate(results):
+                self.plan.observe(i, method, r, self.last_cpu_s.get(i))
+            if method == "update":
+                self._replan(args[0] if args else None)
+        return results
+
+    def call_one(self, index: int, method: str, *args: Any) -> Any:
+        self._send(self.procs[index], method, list(args))
+        return self._gather([index])[0]
+
+    def submit(self, index: int, method: str, *args: Any) -> None:
+        self._send(self.procs[index], method, list(args))
+
+    def collect(self, timeout: float) -> tuple[int, Any]:
+        busy = [p.index for p in self.procs if p.inflight is not None]
+        if not busy:
+            raise WorkerFailed("?", "collect() called with no call in flight")
+        index, result = self._next_reply(busy, time.monotonic() + timeout)
+        if self.plan is not None:
+            method = self._last_method.get(index, "")
+            self.plan.observe(index, method, result, self.last_cpu_s.get(index))
+        return index, result
+
+    # ------------------------------------------------------------------ plumbing
+    def _send(self, p: _Proc, method: str, args: list[Any]) -> None:
+        if p.inflight is not None:
+            raise WorkerFailed(p.name, f"{method}() sent while {p.inflight[1]}() is still running")
+        p.next_id += 1
+        line = json.dumps({"id": p.next_id, "method": method, "args": args}) + "\n"
+        try:
+            p.popen.stdin.write(line.encode("utf-8"))  # type: ignore[union-attr]
+            p.popen.stdin.flush()  # type: ignore[union-attr]
+        except (BrokenPipeError, OSError, ValueError):
+            raise WorkerFailed(p.name, self._death(p, method)) from None
+        p.inflight = (p.next_id, method, time.monotonic() + self.timeout)
+        self._last_method[p.index] = method
+
+    def _gather(self, indices: list[int]) -> list[Any]:
+        out: dict[int, Any] = {}
+        pending = list(indices)
+        while pending:
+            deadline = min(self.procs[i].inflight[2] for i in pending)  # type: ignore[index]
+            i, result = self._next_reply(pending, deadline)
+            out[i] = result
+            pending.remove(i)
+        return [out[i] for i in indices]
+
+    def _next_reply(self, indices: list[int], deadline: float) -> tuple[int, Any]:
+        """The next reply among workers ``indices`` (raising WorkerFailed on death/error/timeout)."""
+        procs = [self.procs[i] for i in indices]
+        for p in procs:  # a reply may already be buffered
+            if p.replies:
+                return p.index, self._unwrap(p, p.replies.pop(0))
+        sel = selectors.DefaultSelector()
+        try:
+            for p in procs:
+                sel.register(p.popen.stdout, selectors.EVENT_READ, p)  # type: ignore[arg-type]
+            while True:
+                now = time.monotonic()
+                if now >= deadline:
+                    late = min(procs, key=lambda q: q.inflight[2] if q.inflight else float("inf"))
+                    self._kill(late)
+                    what = late.inflight[1] if late.inflight else "call"
+                    raise WorkerFailed(late.name, f"no reply to {what}() within {self.timeout:g}s (step_timeout_s); "
+                                       f"process {late.popen.pid} was stopped. Log {late.log_path}:\n"
+                                       f"{log_tail(late.log_path)}")
+                for key, _ in sel.select(timeout=min(1.0, deadline - now)):
+                    if self._read(key.data):
+                        return key.data.index, self._unwrap(key.data, key.data.replies.pop(0))
+                for p in procs:  # exited: drain what it wrote, then it is a death
+                    if p.popen.poll() is not None:
+                        if self._read(p):
+                            return p.index, self._unwrap(p, p.replies.pop(0))
+                        raise WorkerFailed(p.name, self._death(p, p.inflight[1] if p.inflight else "call"))
+        finally:
+            sel.close()
+
+    def _read(self, p: _Proc) -> bool:
+        """Read what ``p`` wrote; True when its reply is complete. Raises WorkerFailed at EOF."""
+        while True:
+            try:
+                chunk = os.read(p.popen.stdout.fileno(), 1 << 20)  # type: ignore[union-attr]
+            except BlockingIOError:
+                break
+            if not chunk:
+                if p.replies:
+                    break
+                self._parse(p)
+                if p.replies:
+                    break
+                raise WorkerFailed(p.name, self._death(p, p.inflight[1] if p.inflight else "call"))
+            p.buf += chunk
+            self._parse(p)
+            if p.replies:
+                break
+        return bool(p.replies)
+
+    def _parse(self, p: _Proc) -> None:
+        while b"\n" in p.buf:
+            line, p.buf = p.buf.split(b"\n", 1)
+            try:
+                msg = json.loads(line)
+            except json.JSONDecodeError:
+                raise WorkerFailed(p.name, f"garbled reply {line[:200]!r}") from None
+            if p.inflight and msg.get("id") == p.inflight[0]:
+                p.replies.append(msg)
+
+    def _unwrap(self, p: _Proc, msg: dict[str, Any]) -> Any:
+        method = p.inflight[1] if p.inflight else "call"
+        p.inflight = None
+        self.last_cpu_s[p.index] = msg.get("cpu_s")
+        self.last_wall_s[p.index] = msg.get("wall_s")
+        if not msg.get("ok"):
+            raise WorkerFailed(p.name, f"{method}() raised {msg.get('error')}\n{msg.get('traceback', '')}".rstrip())
+        return msg.get("result")
+
+    def _death(self, p: _Proc, method: str) -> str:
+        try:
+            rc = p.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            rc = None
+        p.inflight = None
+        how = ("closed its pipe" if rc is None else
+               f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}")
+        return (f"process {p.popen.pid} {how} during {method}(). Log {p.log_path}:\n{log_tail(p.log_path)}").rstrip()
+
+    def _kill(self, p: _Proc) -> None:
+        try:
+            p.popen.kill()
+            p.popen.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+    def _replan(self, step: int | None) -> None:
+        assert self.plan is not None
+        old = self.plan.allocation
+        new = self.plan.maybe_replan(step)
+        if new is None:
+            return
+        for p in self.procs:
+            a, b = old.placements[p.index], new.placements[p.index]
+            if a.threads != b.threads:
+                self.call_one(p.index, "set_threads", b.threads)
+            if a.nice != b.nice:
+                self.call_one(p.index, "__nice__", b.nice)
+        self.plan.write(self.run_dir)
+
+    @property
+    def allocation(self) -> Allocation | None:
+        """The allocation in force."""
+        return self.plan.allocation if self.plan is not None else None
+
+    def pids(self) -> list[int]:
+        """OS process ids of the workers, in policy order."""
+        return [p.popen.pid for p in self.procs]

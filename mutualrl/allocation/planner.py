@@ -1,0 +1,430 @@
+"""MWRA planner: split the machine (or a Ray cluster) between policy workers.
+
+Objective: in a synchronous step every worker waits for the slowest, so the planner minimises
+the largest predicted busy time. On CPUs a worker gets a *share* of cores proportional to its
+cost (shares solved so that the predicted times under Amdahl's law are equal), realised as an
+integer number of torch threads (at least one) plus, when shares are fractional, a lower CPU
+priority (``nice``) for the worker whose threads should get less than a whole core each. On GPUs
+a worker gets a whole device when there are enough, otherwise a fraction of one (devices packed
+by predicted load within their memory). On a Ray cluster workers are first spread over nodes,
+then each node's CPUs are split as above.
+
+Rollout and update of one policy stay *colocated* in its worker (one copy of the weights; the
+step's rollout and update are sequential anyway).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mutualrl.allocation.cost import PRIOR_CORE_S_PER_FLOP, PRIOR_GPU_S_PER_FLOP, CostModel
+from mutualrl.config import RunConfig
+
+NICE_STEP = 1.25
+"""Linux CFS: each nice level changes a thread's weight by about 1.25x."""
+MAX_NICE = 19
+
+
+@dataclass
+class GPUDevice:
+    """One accelerator: its index on its node and memory in GiB."""
+
+    index: int
+    memory_gb: float
+    name: str = ""
+
+
+@dataclass
+class NodeResources:
+    """One node of a Ray cluster."""
+
+    node_id: str
+    cpus: float
+    gpus: list[GPUDevice] = field(default_factory=list)
+    custom: dict[str, float] = field(default_factory=dict)
+    address: str = ""
+
+
+@dataclass
+class Resources:
+    """What the planner may hand out: CPU cores, GPUs, and (on Ray) the nodes holding them."""
+
+    cpus: float
+    gpus: list[GPUDevice] = field(default_factory=list)
+    nodes: list[NodeResources] = field(default_factory=list)
+
+    @classmethod
+    def detect(cls) -> Resources:
+        """This machine: the cores this process may run on and the visible CUDA devices."""
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - non-Linux
+            cpus = os.cpu_count() or 1
+        gpus: list[GPUDevice] = []
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                for i in range(torch.cuda.device_count()):
+                    prop = torch.cuda.get_device_properties(i)
+                    gpus.append(GPUDevice(i, prop.total_memory / 2**30, prop.name))
+        except Exception:  # noqa: BLE001 - no usable CUDA: CPU only
+            gpus = []
+        return cls(float(cpus), gpus)
+
+    @classmethod
+    def from_ray(cls) -> Resources:
+        """The alive nodes of the connected Ray cluster (``ray.init`` must have been called)."""
+        import ray
+
+        nodes = []
+        for n in ray.nodes():
+            if not n.get("Alive", n.get("alive", False)):
+                continue
+            res = dict(n.get("Resources", {}))
+            n_gpu = int(res.pop("GPU", 0))
+            gpu_mem = 0.0
+            gpus = [GPUDevice(i, gpu_mem) for i in range(n_gpu)]
+            custom = {k: v for k, v in res.items()
+                      if k not in ("CPU", "memory", "object_store_memory") and not k.startswith("node:")}
+            nodes.append(NodeResources(n["NodeID"], float(res.get("CPU", 0.0)), gpus, custom,
+                                       n.get("NodeManagerAddress", "")))
+        nodes.sort(key=lambda n: n.node_id)
+        return cls(sum(n.cpus for n in nodes), [g for n in nodes for g in n.gpus], nodes)
+
+    @classmethod
+    def parse(cls, spec: str) -> Resources:
+        """From text such as ``cpus=8``, ``cpus=16,gpus=2x80`` (GPUs x GiB) or ``cpus=4,gpus=1``."""
+        cpus = float(os.cpu_count() or 1)
+        gpus: list[GPUDevice] = []
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            key, _, val = part.partition("=")
+            if key == "cpus":
+                cpus = float(val)
+            elif key == "gpus":
+                count, _, mem = val.partition("x")
+                gpus = [GPUDevice(i, float(mem or 80)) for i in range(int(count))]
+            else:
+                raise ValueError(f"unknown resource {key!r} in {spec!r}: expected cpus=N and/or gpus=NxGiB")
+        if cpus <= 0:
+            raise ValueError(f"cpus must be > 0 in {spec!r}")
+        return cls(cpus, gpus)
+
+    def describe(self) -> str:
+        gpu = f", {len(self.gpus)} GPU(s)" if self.gpus else ""
+        node = f" on {len(self.nodes)} Ray node(s)" if self.nodes else ""
+        return f"{self.cpus:g} CPU core(s){gpu}{node}"
+
+
+@dataclass
+class Placement:
+    """Where one policy worker runs and what it is predicted to take per step."""
+
+    index: int
+    name: str
+    params: int
+    cpu_share: float
+    """Cores this worker is planned to use (fractional when cores are time-shared)."""
+    threads: int
+    """torch intra-op threads."""
+    nice: int = 0
+    """CPU priority offset (0 = normal); realises fractional shares on shared cores."""
+    node: str | None = None
+    gpu: int | None = None
+    gpu_fraction: float = 0.0
+    colocated: bool = True
+    """Rollout and update in the same worker (always, today)."""
+    predicted_rollout_s: float = 0.0
+    predicted_update_s: float = 0.0
+
+    @property
+    def predicted_step_s(self) -> float:
+        return self.predicted_rollout_s + self.predicted_update_s
+
+
+@dataclass
+class Allocation:
+    """A plan: one :class:`Placement` per policy, in policy order."""
+
+    placements: list[Placement]
+    resources: Resources
+    mode: str
+    """``exclusive`` (whole cores each), ``shared`` (fractional shares), ``gpu`` or ``equal``."""
+    calibrated: bool = False
+
+    @property
+    def predicted_step_s(self) -> float:
+        """Predicted synchronous step time: the slowest worker."""
+        return max(p.predicted_step_s for p in self.placements)
+
+    @property
+    def predicted_imbalance(self) -> float:
+        """Largest ÷ smallest predicted busy time per step."""
+        t = [p.predicted_step_s for p in self.placements]
+        return max(t) / max(min(t), 1e-12)
+
+    def threads(self) -> list[int]:
+        return [p.threads for p in self.placements]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "calibrated": self.calibrated, "resources": asdict(self.resources),
+                "predicted_step_s": self.predicted_step_s, "predicted_imbalance": self.predicted_imbalance,
+                "placements": [asdict(p) | {"predicted_step_s": p.predicted_step_s} for p in self.placements]}
+
+    def describe(self) -> str:
+        """A plain-text table of the plan."""
+        head = ["policy", "params", "cores", "threads", "nice", "node", "gpu", "rollout_s", "update_s", "step_s"]
+        rows = []
+        for p in self.placements:
+            gpu = "-" if p.gpu is None else f"{p.gpu}" + ("" if p.gpu_fraction >= 1 else f" ({p.gpu_fraction:.2f})")
+            node = "-" if p.node is None else p.node[:10]
+            rows.append([p.name, _human(p.params), f"{p.cpu_share:.2f}", str(p.threads), str(p.nice), node, gpu,
+                         f"{p.predicted_rollout_s:.3g}", f"{p.predicted_update_s:.3g}", f"{p.predicted_step_s:.3g}"])
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+        line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
+        cal = "calibrated" if self.calibrated else "from parameters x tokens (uncalibrated)"
+        out = [f"MWRA plan: {self.resources.describe()}, mode {self.mode}, step times {cal}",
+               line(head), line(["-" * w for w in widths]), *map(line, rows),
+               f"predicted step {self.predicted_step_s:.3g}s, imbalance (max/min busy) {self.predicted_imbalance:.2f}"]
+        return "\n".join(out)
+
+
+def _human(n: int) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
+
+
+# ----------------------------------------------------------------------------- CPU shares
+def balanced_shares(costs: list[float], cores: float, parallel_fraction: float) -> list[float]:
+    """Core shares (summing to ``cores``) that equalise ``c_i * ((1-f) + f/s_i)``.
+
+    Solved by bisection on the common time T: ``s_i(T) = f c_i / (T - (1-f) c_i)``.
+    """
+    f = min(max(parallel_fraction, 1e-6), 1.0)
+    if len(costs) == 1:
+        return [float(cores)]
+    c = [max(x, 1e-12) for x in costs]
+    if f >= 1.0:
+        tot = sum(c)
+        return [cores * x / tot for x in c]
+
+    def total(t: float) -> float:
+        return sum(f * x / (t - (1 - f) * x) for x in c)
+
+    lo = max((1 - f) * x for x in c) * (1 + 1e-12)
+    hi = max(lo * 2, max(c) * 2)
+    while total(hi) > cores:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if total(mid) > cores:
+            lo = mid
+        else:
+            hi = mid
+    shares = [f * x / (hi - (1 - f) * x) for x in c]
+    scale = cores / sum(shares)
+    return [s * scale for s in shares]
+
+
+def realised_shares(threads: list[int], nice: list[int], cores: float) -> list[float]:
+    """Cores each worker actually gets when its threads compete under CFS weights (1.25x/nice)."""
+    if sum(threads) <= cores + 1e-9:
+        return [float(t) for t in threads]
+    w = [NICE_STEP ** -n for n in nice]
+    per_thread = [0.0] * len(threads)
+    active = set(range(len(threads)))
+    cap = float(cores)
+    while active:
+        unit = cap / sum(w[i] * threads[i] for i in active)
+        full = [i for i in active if w[i] * unit >= 1.0]
+        if not full:
+            for i in active:
+                per_thread[i] = w[i] * unit
+            break
+        for i in full:
+            per_thread[i] = 1.0
+            cap -= threads[i]
+            active.discard(i)
+    return [t * p for t, p in zip(threads, per_thread, strict=True)]
+
+
+def shares_to_threads(shares: list[float], cores: float) -> tuple[list[int], list[int]]:
+    """Integer torch threads (>= 1, at most ``ceil(cores)``) and nice levels for ``shares``.
+
+    Candidate thread counts are the floor and ceiling of each share; nice levels make the
+    per-thread CPU weights proportional to ``share / threads``. Returns the candidate whose
+    realised shares (:func:`realised_shares`) come closest to the targets (smallest largest
+    relative shortfall, oversubscription penalised by 5 %).
+    """
+    cap = max(1, math.ceil(cores - 1e-9))
+    options = [sorted({min(cap, max(1, math.floor(s))), min(cap, max(1, math.ceil(s)))}) for s in shares]
+    best: tuple[float, list[int], list[int]] | None = None
+    for threads in itertools.product(*options):
+        t = list(threads)
+        weights = [s / n for s, n in zip(shares, t, strict=True)]
+        top = max(weights)
+        nice = [min(MAX_NICE, max(0, round(math.log(top / max(w, 1e-9)) / math.log(NICE_STEP)))) for w in weights]
+        if sum(t) <= cores + 1e-9:
+            nice = [0] * len(t)
+        got = realised_shares(t, nice, cores)
+        worst = max(s / max(g, 1e-9) for s, g in zip(shares, got, strict=True))
+        if sum(t) > cores + 1e-9:
+            worst *= 1.05
+        if best is None or worst < best[0] - 1e-9:
+            best = (worst, t, nice)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _cpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], cores: float,
+                    node: str | None = None) -> list[Placement]:
+    core_s = [sum(costs.core_seconds(i)) for i in idx]
+    shares = balanced_shares(core_s, cores, costs.parallel_fraction)
+    threads, nice = shares_to_threads(shares, cores)
+    real = realised_shares(threads, nice, cores)
+    out = []
+    for i, s, t, n in zip(idx, real, threads, nice, strict=True):
+        r, u = costs.seconds(i, s)
+        out.append(Placement(i, cfg.policies[i].name, costs.effective_params(i), s, t, n, node,
+                             predicted_rollout_s=r, predicted_update_s=u))
+    return out
+
+
+def _mode(placements: list[Placement]) -> str:
+    whole = all(abs(p.cpu_share - round(p.cpu_share)) < 1e-6 and p.nice == 0 for p in placements)
+    return "exclusive" if whole else "shared"
+
+
+# ----------------------------------------------------------------------------- GPUs
+def model_memory_gb(params: int, beta: float = 0.0) -> float:
+    """Training memory of fp32 weights + grads + Adam moments (+ a reference copy), GiB."""
+    return params * (16 + (4 if beta > 0 else 0)) / 2**30
+
+
+def _gpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], gpus: list[GPUDevice], cores: float,
+                    node: str | None = None) -> list[Placement]:
+    k = len(idx)
+    order = sorted(idx, key=lambda i: -sum(costs.core_seconds(i)))
+    devs = sorted(gpus, key=lambda g: -g.memory_gb)
+    load = {g.index: 0.0 for g in devs}
+    mem = {g.index: g.memory_gb for g in devs}
+    assign: dict[int, int] = {}
+    for j, i in enumerate(order):
+        need = model_memory_gb(costs.effective_params(i), cfg.policy_grpo(i).beta)
+        if len(devs) >= k:
+            g = devs[j]
+        else:
+            fits = [g for g in devs if mem[g.index] >= need or g.memory_gb == 0] or devs
+            g = min(fits, key=lambda d: load[d.index])
+        assign[i] = g.index
+        load[g.index] += sum(costs.core_seconds(i))
+        mem[g.index] -= need
+    threads = max(1, int(cores // k))
+    out = []
+    for i in sorted(idx):
+        g = assign[i]
+        frac = 1.0 if len(devs) >= k else sum(costs.core_seconds(i)) / max(load[g], 1e-12)
+        r, u = costs.core_seconds(i)
+        speed = PRIOR_GPU_S_PER_FLOP / PRIOR_CORE_S_PER_FLOP / frac
+        out.append(Placement(i, cfg.policies[i].name, costs.effective_params(i), cores / k, threads, 0, node,
+                             g, round(frac, 4), predicted_rollout_s=r * speed, predicted_update_s=u * speed))
+    return out
+
+
+# ----------------------------------------------------------------------------- the planner
+def plan(cfg: RunConfig, resources: Resources, costs: CostModel | None = None) -> Allocation:
+    """The balanced allocation of ``cfg``'s policies on ``resources``.
+
+    ``costs`` defaults to an uncalibrated :class:`CostModel` from the policies' parameter counts.
+    """
+    if costs is None:
+        from mutualrl.allocation.cost import estimate_parameters
+
+        costs = CostModel(cfg, estimate_parameters(cfg))
+    k = len(cfg.policies)
+    if resources.nodes:
+        placements = _plan_nodes(cfg, resources, costs)
+        mode = "gpu" if any(p.gpu is not None for p in placements) else _mode(placements)
+    elif resources.gpus:
+        placements = _gpu_placements(cfg, costs, list(range(k)), resources.gpus, resources.cpus)
+        mode = "gpu"
+    else:
+        placements = _cpu_placements(cfg, costs, list(range(k)), resources.cpus)
+        mode = _mode(placements)
+    return Allocation(placements, resources, mode, costs.calibrated)
+
+
+def plan_equal(cfg: RunConfig, resources: Resources, costs: CostModel | None = None) -> Allocation:
+    """The naive allocation: every worker the same share and threads, whatever it costs."""
+    if costs is None:
+        from mutualrl.allocation.cost import estimate_parameters
+
+        costs = CostModel(cfg, estimate_parameters(cfg))
+    k = len(cfg.policies)
+    share = resources.cpus / k
+    threads = max(1, int(share))
+    out = []
+    for i in range(k):
+        r, u = costs.seconds(i, share)
+        out.append(Placement(i, cfg.policies[i].name, costs.effective_params(i), share, threads,
+                             predicted_rollout_s=r, predicted_update_s=u))
+    return Allocation(out, resources, "equal", costs.calibrated)
+
+
+def evaluate_allocation(alloc: Allocation, costs: CostModel) -> Allocation:
+    """The same placements with step times predicted by (newly calibrated) ``costs``."""
+    out = []
+    for p in alloc.placements:
+        r, u = costs.seconds(p.index, p.cpu_share)
+        out.append(Placement(**{**asdict(p), "predicted_rollout_s": r, "predicted_update_s": u}))
+    return Allocation(out, alloc.resources, alloc.mode, costs.calibrated)
+
+
+def should_replan(current: Allocation, costs: CostModel, resources: Resources,
+                  threshold: float = 1.25) -> Allocation | None:
+    """A new plan when the calibrated imbalance of ``current`` exceeds ``threshold`` and the new
+    plan predicts a clearly shorter step (5 %); otherwise ``None``."""
+    now = evaluate_allocation(current, costs)
+    if now.predicted_imbalance <= threshold:
+        return None
+    new = plan(costs.cfg, resources, costs)
+    if new.predicted_step_s < 0.95 * now.predicted_step_s:
+        return new
+    return None
+
+
+def _plan_nodes(cfg: RunConfig, resources: Resources, costs: CostModel) -> list[Placement]:
+    """Spread workers over Ray nodes (largest cost first, to the least loaded node per CPU)."""
+    k = len(cfg.policies)
+    order = sorted(range(k), key=lambda i: -sum(costs.core_seconds(i)))
+    nodes = [n for n in resources.nodes if n.cpus > 0 or n.gpus]
+    if not nodes:
+        raise ValueError("the Ray cluster has no node with CPUs or GPUs")
+    load = {n.node_id: 0.0 for n in nodes}
+    count = {n.node_id: 0 for n in nodes}
+    members: dict[str, list[int]] = {n.node_id: [] for n in nodes}
+    for i in order:
+        c = sum(costs.core_seconds(i))
+        # prefer a node with a whole CPU per worker left, then the lightest load per CPU
+        best = min(nodes, key=lambda n: (count[n.node_id] + 1 > max(n.cpus, len(n.gpus)),
+                                         (load[n.node_id] + c) / max(n.cpus, 1e-6)))
+        load[best.node_id] += c
+        count[best.node_id] += 1
+        members[best.node_id].append(i)
+    out: list[Placement] = []
+    for n in nodes:
+        idx = sorted(members[n.node_id])
+        if not idx:
+            continue
+        if n.gpus:
+            sub = _gpu_placements(cfg, costs, idx, n.gpus, n.cpus, n.node_id)
+        else:
+            sub = _cpu_placements(cfg, costs, idx, max(n.cpus, 1e-3), n.node_id)
+        out.extend(sub)
+    return sorted(out, key=lambda p: p.index)

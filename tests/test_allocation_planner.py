@@ -1,0 +1,128 @@
+"""MWRA cost model and planner: unit tests (no processes, no models loaded)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mutualrl.allocation.cost import CostModel, predict_step, rollout_flops, update_flops
+from mutualrl.allocation.planner import (
+    GPUDevice,
+    NodeResources,
+    Resources,
+    balanced_shares,
+    evaluate_allocation,
+    plan,
+    plan_equal,
+    realised_shares,
+    shares_to_threads,
+    should_replan,
+)
+from mutualrl.config import load_config
+
+
+def _cfg(n: int = 2, **over):
+    data = {"policies": [{"name": f"p{i}", "model": f"/nonexistent/m{i}"} for i in range(n)],
+            "task": {"preset": "zoo"}, "grpo": {"num_generations": 4, "max_completion_length": 8},
+            "prompts_per_step": 4, **over}
+    return load_config(data, check_paths=False)
+
+
+def test_cost_proportional_to_params_times_tokens():
+    assert rollout_flops(2_000, 4, 4, 0, 8) == pytest.approx(2 * rollout_flops(1_000, 4, 4, 0, 8))
+    assert rollout_flops(1_000, 4, 4, 0, 16) == pytest.approx(2 * rollout_flops(1_000, 4, 4, 0, 8))
+    assert update_flops(1_000, 16, 8, 1) == pytest.approx(8 * 1_000 * 16 * 8)  # 2 (old logp) + 6 (fwd+bwd)
+    assert update_flops(1_000, 16, 8, 2) > update_flops(1_000, 16, 8, 1)
+    assert update_flops(1_000, 16, 8, 1, beta=0.1) > update_flops(1_000, 16, 8, 1)
+    cfg = _cfg()
+    a, b = predict_step(cfg, 0, 4_000_000), predict_step(cfg, 0, 1_000_000)
+    assert a.total_flops == pytest.approx(4 * b.total_flops)
+
+
+def test_balanced_shares_equalise_amdahl_times():
+    costs = [4.0, 1.0]
+    for f in (1.0, 0.9, 0.5):
+        s = balanced_shares(costs, 8, f)
+        assert sum(s) == pytest.approx(8)
+        t = [c * ((1 - f) + f / x) for c, x in zip(costs, s)]
+        assert t[0] == pytest.approx(t[1], rel=1e-6)
+
+
+def test_threads_integer_and_realised_shares():
+    threads, nice = shares_to_threads([1.64, 0.36], 2)
+    assert all(isinstance(t, int) and t >= 1 for t in threads)
+    got = realised_shares(threads, nice, 2)
+    assert sum(got) == pytest.approx(2)
+    assert got[0] > got[1]
+    # whole shares that fit: no oversubscription, no nice
+    assert shares_to_threads([3.0, 1.0], 4) == ([3, 1], [0, 0])
+
+
+def test_planned_imbalance_below_equal_split():
+    cfg = _cfg()
+    costs = CostModel(cfg, [4_000_000, 1_000_000])
+    for cores in (2, 4, 8):
+        res = Resources(float(cores))
+        naive, planned = plan_equal(cfg, res, costs), plan(cfg, res, costs)
+        assert naive.predicted_imbalance > 3
+        assert planned.predicted_imbalance < naive.predicted_imbalance
+        assert planned.predicted_imbalance <= 1.25
+        assert planned.predicted_step_s < naive.predicted_step_s
+        assert all(p.threads >= 1 for p in planned.placements)
+    text = plan(cfg, Resources(8.0), costs).describe()
+    assert "p0" in text and "p1" in text and "imbalance" in text
+
+
+def test_calibration_and_replan():
+    cfg = _cfg()
+    costs = CostModel(cfg, [1_000_000, 1_000_000])  # equal by parameters ...
+    res = Resources(8.0)
+    first = plan(cfg, res, costs)
+    assert first.predicted_imbalance == pytest.approx(1.0, abs=0.05)
+    for _ in range(3):  # ... but policy 0 measures 4x slower per FLOP
+        costs.observe(0, {"rollout_s": 4.0, "gen_tokens": 128}, {"update_s": 8.0, "train_tokens": 128}, 4.0,
+                      rollout_cpu_s=8.0, update_cpu_s=16.0)
+        costs.observe(1, {"rollout_s": 1.0, "gen_tokens": 128}, {"update_s": 2.0, "train_tokens": 128}, 4.0,
+                      rollout_cpu_s=2.0, update_cpu_s=4.0)
+    assert costs.calibrated
+    assert sum(costs.core_seconds(0)) == pytest.approx(4 * sum(costs.core_seconds(1)), rel=1e-6)
+    assert evaluate_allocation(first, costs).predicted_imbalance > 2
+    new = should_replan(first, costs, res, threshold=1.25)
+    assert new is not None and new.predicted_imbalance < 1.25
+    assert new.placements[0].threads > new.placements[1].threads
+    assert should_replan(new, costs, res, threshold=1.25) is None
+
+
+def test_gpu_and_ray_node_plans():
+    cfg = _cfg(3)
+    costs = CostModel(cfg, [4_000_000, 2_000_000, 1_000_000])
+    whole = plan(cfg, Resources(8.0, [GPUDevice(i, 80) for i in range(3)]), costs)
+    assert sorted(p.gpu for p in whole.placements) == [0, 1, 2]
+    assert all(p.gpu_fraction == 1.0 for p in whole.placements)
+    shared = plan(cfg, Resources(8.0, [GPUDevice(0, 80)]), costs)
+    assert sum(p.gpu_fraction for p in shared.placements) == pytest.approx(1.0, abs=1e-3)
+    nodes = [NodeResources("n1", 2.0), NodeResources("n2", 2.0)]
+    ray_plan = plan(_cfg(2), Resources(4.0, [], nodes), CostModel(_cfg(2), [1_000_000, 1_000_000]))
+    assert {p.node for p in ray_plan.placements} == {"n1", "n2"}
+
+
+def test_resources_parse_and_detect():
+    r = Resources.parse("cpus=16,gpus=2x40")
+    assert r.cpus == 16 and len(r.gpus) == 2 and r.gpus[1].memory_gb == 40
+    with pytest.raises(ValueError):
+        Resources.parse("tpus=3")
+    assert Resources.detect().cpus >= 1
+
+
+def test_plan_cli(tiny_models, tmp_path, capsys):
+    import yaml
+
+    from mutualrl.cli import main
+
+    cfg = {"policies": [{"name": "a", "model": str(tiny_models["tiny-gpt2"])},
+                        {"name": "b", "model": str(tiny_models["tiny-llama"])}],
+           "task": {"preset": "zoo"}}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["plan", str(path), "--resources", "cpus=4"]) == 0
+    out = capsys.readouterr().out
+    assert "MWRA plan: 4 CPU" in out and "a " in out and "b " in out
