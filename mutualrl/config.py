@@ -279,6 +279,7 @@ def validate(cfg: RunConfig, *, check_paths: bool = True) -> RunConfig:
         raise ConfigError("threads", f"must be >= 1, got {cfg.threads}")
     if not cfg.policies:
         raise ConfigError("policies", "at least one policy is required (name + model)")
+    _check_grpo(cfg.grpo, "grpo")  # first, so a bad run-level value is named as such, not per policy
     seen = set()
     for i, pol in enumerate(cfg.policies):
         p = f"policies[{i}]"
@@ -294,7 +295,6 @@ def validate(cfg: RunConfig, *, check_paths: bool = True) -> RunConfig:
         if pol.prompt_template != "chat" and "{question}" not in pol.prompt_template:
             raise ConfigError(f"{p}.prompt_template", "must contain '{question}' or be 'chat'")
         _check_grpo(cfg.policy_grpo(i), f"{p}.grpo")
-    _check_grpo(cfg.grpo, "grpo")
     t = cfg.task
     if t.preset not in (None, "zoo"):
         raise ConfigError("task.preset", f"expected 'zoo' or nothing, got {t.preset!r}")

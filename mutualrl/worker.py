@@ -35,7 +35,12 @@ def build_task(cfg: RunConfig) -> Task:
     if t.preset == "zoo":
         from mutualrl import zoo
 
-        return zoo.default_task(seed=t.seed, test_size=t.test_size)
+        task = zoo.default_task(seed=t.seed, test_size=t.test_size, train_size=t.train_size)
+        # the preset replaces only the datasets: extraction and extra rewards still apply
+        task.answer_extraction = t.answer_extraction
+        task.reward_functions = [load_reward_function(p) for p in t.reward_functions]
+        task.reward_timeout_s = t.reward_timeout_s
+        return task
     sources, weights = [], []
     for d in t.datasets:
         if d.name is not None:
