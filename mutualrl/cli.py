@@ -20,6 +20,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("mutualrl.thl.cli", "register"),
     ("mutualrl.realmodels", "register"),
     ("mutualrl.allocation.cli", "register"),
+    ("mutualrl.zoo", "register"),
 ]
 
 
