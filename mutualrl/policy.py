@@ -116,7 +116,7 @@ class Policy:
                 p.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=options.learning_rate, weight_decay=options.weight_decay,
-            betas=(options.adam_beta1, options.adam_beta2))
+            betas=(options.adam_beta1, options.adam_beta2), **_adamw_impl(self.device))
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.version = 0
 
@@ -278,6 +278,18 @@ class Policy:
         """A cheap scalar summary of the weights (for tests and logs)."""
         with torch.no_grad():
             return float(sum(p.double().abs().sum() for p in self.model.parameters()))
+
+
+def _adamw_impl(device: torch.device) -> dict[str, bool]:
+    """AdamW's fused kernel where this torch has one for ``device`` (one pass over each parameter
+    instead of a dozen foreach sweeps: ~4x faster steps on CPU), else the foreach default."""
+    if device.type in ("cpu", "cuda"):
+        try:
+            torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1, device=device))], fused=True)
+            return {"fused": True}
+        except (RuntimeError, TypeError, ValueError):
+            pass
+    return {}
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
