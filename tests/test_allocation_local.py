@@ -57,8 +57,9 @@ def test_killed_and_hung_workers_raise_worker_failed(tiny_config):
         a, b = sched.pids()
         os.kill(a, signal.SIGSTOP)  # hangs: alive but never answers
         t0 = time.monotonic()
+        sched.submit(0, "rollout", 0)  # the async API: same deadline
         with pytest.raises(WorkerFailed) as exc:
-            sched.call_one(0, "rollout", 0)
+            sched.collect(60.0)
         assert exc.value.worker == "a" and "within 3s" in str(exc.value)
         assert 2.5 < time.monotonic() - t0 < 8
         os.kill(b, signal.SIGKILL)
@@ -72,13 +73,69 @@ def test_killed_and_hung_workers_raise_worker_failed(tiny_config):
 
 
 def test_async_mode_bounded_staleness(tiny_config):
-    """async: every step of every policy runs once; nobody gets more than k steps ahead."""
+    """async: every step of every policy runs once; nobody gets more than k steps ahead.
+
+    The loop only uses the scheduler's submit/collect, so it runs here in-process (the
+    LocalScheduler's submit/collect are exercised above)."""
+    from mutualrl.allocation import SequentialScheduler
+
     cfg = _config(tiny_config, steps=4, sync="async", eval_every=2,
                   sharing={"strategy": "xgrpo", "max_staleness": 1})
-    trainer = MutualTrainer(cfg, None, scheduler=LocalScheduler(verbose=False), progress=False)
+    trainer = MutualTrainer(cfg, None, scheduler=SequentialScheduler(), progress=False)
     trainer.train()
     rows = [r for r in trainer.history if "step_s" in r]
     assert sorted((r["step"], r["policy"]) for r in rows) == [(s, p) for s in range(4) for p in "ab"]
     assert all(0 <= r["ahead"] <= 1 for r in rows)
     evals = sorted({r["step"] for r in trainer.history if r.get("event") == "eval"})
     assert evals == [0, 2, 4]
+
+
+class _FavourFirst:
+    """A scheduler stand-in whose worker 0 always finishes first (worker 1 is 'slow')."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[int, str, int]] = []
+        self.completed = [0, 0]
+        self.max_lead = 0
+
+    def submit(self, index, method, step):
+        self.pending.append((index, method, step))
+        if method == "rollout":  # how far ahead of the slowest completed worker this start is
+            self.max_lead = max(self.max_lead, step - min(self.completed))
+
+    def collect(self, timeout):
+        item = min(self.pending, key=lambda t: (t[0], t[2]))
+        self.pending.remove(item)
+        if item[1] == "update":
+            self.completed[item[0]] += 1
+        return item[0], {f"{item[1]}_s": 0.0}
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_async_fast_worker_runs_at_most_k_steps_ahead(tiny_config, k):
+    from mutualrl.allocation.async_loop import run_async
+
+    cfg = _config(tiny_config, steps=6, sync="async", eval_every=100, sharing={"max_staleness": k})
+
+    class Trainer:
+        scheduler, start_step, run_dir, history = _FavourFirst(), 0, None, []
+
+        def __init__(self):
+            self.cfg = cfg
+            self.logged = []
+
+        def _log(self, rows):
+            self.logged.append(rows)
+
+        def evaluate(self, step):
+            return []
+
+    class Bar:
+        def advance(self, rows): pass
+
+        def set_eval(self, rows): pass
+
+    t = Trainer()
+    run_async(t, Bar())
+    assert t.scheduler.max_lead == k  # worker 0 got exactly k steps ahead, never more
+    assert [[r["policy"] for r in rows] for rows in t.logged] == [["a", "b"]] * 6

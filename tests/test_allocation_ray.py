@@ -8,9 +8,9 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from mutualrl.allocation.ray_scheduler import RayScheduler  # noqa: E402
-from mutualrl.config import load_config  # noqa: E402
-from mutualrl.trainer import MutualTrainer  # noqa: E402
+from mutualrl.allocation.ray_scheduler import RayScheduler
+from mutualrl.config import load_config
+from mutualrl.trainer import MutualTrainer
 
 
 @pytest.fixture(scope="module")

@@ -100,6 +100,7 @@ class CostModel:
     prompt_tokens: float = PROMPT_TOKENS_GUESS
     _roll: list[_Ema] = field(default_factory=list)
     _upd: list[_Ema] = field(default_factory=list)
+    _kappa: list[_Ema] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         k = len(self.cfg.policies)
@@ -108,6 +109,7 @@ class CostModel:
         if not self._roll:
             self._roll = [_Ema(PRIOR_CORE_S_PER_FLOP) for _ in range(k)]
             self._upd = [_Ema(PRIOR_CORE_S_PER_FLOP) for _ in range(k)]
+            self._kappa = [_Ema(1.0) for _ in range(k)]
 
     # ------------------------------------------------------------------ predictions
     def effective_params(self, index: int) -> int:
@@ -123,9 +125,16 @@ class CostModel:
         return predict_step(self.cfg, index, self.effective_params(index), self.prompt_tokens)
 
     def core_seconds(self, index: int) -> tuple[float, float]:
-        """Predicted (rollout, update) busy time of policy ``index`` on one whole core."""
+        """Predicted (rollout, update) busy time of policy ``index`` on one whole core.
+
+        Work (CPU time per FLOP) times the policy's *scaling correction* ``kappa``: measured busy
+        wall time ÷ the wall time predicted for the share it had (1 until measured). It absorbs
+        what Amdahl's law with one global ``f`` gets wrong for this policy (threads that do not
+        pay off, contention), so successive re-plans converge on balanced busy times.
+        """
         c = self.flops(index)
-        return c.rollout_flops * self._roll[index].value, c.update_flops * self._upd[index].value
+        k = self._kappa[index].value
+        return c.rollout_flops * self._roll[index].value * k, c.update_flops * self._upd[index].value * k
 
     def seconds(self, index: int, cores: float) -> tuple[float, float]:
         """Predicted (rollout, update) busy time with a share of ``cores`` cores (Amdahl)."""
@@ -185,6 +194,11 @@ class CostModel:
                 else:
                     fl = self.flops(index).update_flops
                 self._upd[index].update(secs / scale / max(fl, 1.0), self.alpha)
+        wall = (_first(rollout or {}, "rollout_s") or 0.0) + (_first(update or {}, "update_s") or 0.0)
+        if wall > 0 and rollout_cpu_s and update_cpu_s:
+            c = self.flops(index)
+            work = c.rollout_flops * self._roll[index].value + c.update_flops * self._upd[index].value
+            self._kappa[index].update(wall / max(work * self.scale(cores), 1e-12), self.alpha)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able state: parameters, FLOPs and the calibrated factors per policy."""
@@ -196,6 +210,7 @@ class CostModel:
                         "rollout_flops": c.rollout_flops, "update_flops": c.update_flops,
                         "rollout_core_s": r, "update_core_s": u,
                         "rollout_s_per_flop": self._roll[i].value, "update_s_per_flop": self._upd[i].value,
+                        "scaling_correction": self._kappa[i].value,
                         "measured_steps": min(self._roll[i].n, self._upd[i].n)})
         return {"parallel_fraction": self.parallel_fraction, "policies": out}
 
@@ -270,7 +285,7 @@ def _zoo_params(name: str, seed: int) -> int | None:
         built = zoo.policy_dir(name, seed)
         if (built / "config.json").is_file():
             return _dir_params(built)
-    except Exception:  # noqa: BLE001 - fall back to the spec
+    except Exception:  # noqa: BLE001, S110 - fall back to the spec
         pass
     return _meta_count(lambda: zoo.build_model(spec, _SizedTokenizer(spec.vocab_size)))
 

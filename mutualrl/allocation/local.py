@@ -139,7 +139,7 @@ class LocalScheduler(Scheduler):
                     "PYTHONUNBUFFERED": "1", "MUTUALRL_WORKER": name})
         # idle OpenMP threads sleep instead of spinning: workers share cores with each other
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        log = open(log_path, "ab")
+        log = open(log_path, "ab")  # noqa: SIM115 - the worker writes it for its whole life; closed in close()
         popen = subprocess.Popen([sys.executable, "-m", "mutualrl.allocation.worker_main"], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=log, env=env, close_fds=True)
         os.set_blocking(popen.stdout.fileno(), False)  # type: ignore[union-attr]
@@ -195,7 +195,8 @@ class LocalScheduler(Scheduler):
         busy = [p.index for p in self.procs if p.inflight is not None]
         if not busy:
             raise WorkerFailed("?", "collect() called with no call in flight")
-        index, result = self._next_reply(busy, time.monotonic() + timeout)
+        deadline = min(time.monotonic() + timeout, *(self.procs[i].inflight[2] for i in busy))  # type: ignore[index]
+        index, result = self._next_reply(busy, deadline)
         if self.plan is not None:
             method = self._last_method.get(index, "")
             self.plan.observe(index, method, result, self.last_cpu_s.get(index))

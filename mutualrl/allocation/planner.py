@@ -185,7 +185,7 @@ class Allocation:
             rows.append([p.name, _human(p.params), f"{p.cpu_share:.2f}", str(p.threads), str(p.nice), node, gpu,
                          f"{p.predicted_rollout_s:.3g}", f"{p.predicted_update_s:.3g}", f"{p.predicted_step_s:.3g}"])
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-        line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
+        line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
         cal = "calibrated" if self.calibrated else "from parameters x tokens (uncalibrated)"
         out = [f"MWRA plan: {self.resources.describe()}, mode {self.mode}, step times {cal}",
                line(head), line(["-" * w for w in widths]), *map(line, rows),

@@ -205,12 +205,12 @@ class RayScheduler(Scheduler):
         for a in self.actors:
             try:
                 ray.kill(a)
-            except Exception:  # noqa: BLE001 - already gone
+            except Exception:  # noqa: BLE001, S110 - already gone
                 pass
         for pg in self.groups:
             try:
                 remove_placement_group(pg)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001, S110 - best effort at shutdown
                 pass
         self.actors, self.groups, self._inflight = [], [], {}
         if self._driver_exchange is not None:
@@ -219,7 +219,7 @@ class RayScheduler(Scheduler):
                 destroy = getattr(self._driver_exchange, "destroy", None)
                 if destroy is not None:
                     destroy()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001, S110 - best effort at shutdown
                 pass
             self._driver_exchange = None
         if self.plan is not None:
