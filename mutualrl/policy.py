@@ -85,6 +85,10 @@ class Policy:
         seed: seeds the sampling generator.
     """
 
+    share_prompt_prefix: bool = True
+    """Run a prompt shared by several rows (a GRPO group) through the model once, in sampling and
+    in :meth:`logprobs`, and reuse its KV cache for every row (same values, less work)."""
+
     def __init__(self, name: str, model_path: str, options: GRPOOptions, *,
                  prompt_template: str = "{question} Answer: ", system_prompt: str | None = None,
                  seed: int = 0, device: str = "cpu") -> None:
@@ -177,9 +181,12 @@ class Policy:
         model = self.model
         was_training = model.training
         model.eval()
-        ids, mask = self._left_pad(prompt_ids)
+        uniq, inv = dedupe_prompts(prompt_ids)
+        if not self.share_prompt_prefix:
+            uniq, inv = [list(p) for p in prompt_ids], list(range(len(prompt_ids)))
+        ids, mask = self._left_pad(uniq)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        b = ids.shape[0]
+        b = len(prompt_ids)
         eos = torch.tensor(sorted(self.eos_ids), device=self.device)
         finished = torch.zeros(b, dtype=torch.bool, device=self.device)
         out_tok = torch.full((b, max_new), self.pad_id, dtype=torch.long, device=self.device)
@@ -190,6 +197,10 @@ class Policy:
         cache_kw = _cache_kwarg(model)
         past = getattr(out, cache_kw)
         logits = out.logits[:, -1].float()
+        if len(uniq) < b:  # each distinct prompt was prefilled once: index its cache out to its rows
+            rows = torch.tensor(inv, device=self.device)
+            past.batch_select_indices(rows)
+            mask, pos, logits = mask[rows], pos[rows], logits[rows]
         for t in range(max_new):
             if greedy:
                 logp = F.log_softmax(logits, dim=-1)
@@ -241,6 +252,10 @@ class Policy:
     # ------------------------------------------------------------------ training-side log-probs
     def _forward_logprobs(self, model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
                           completion_ids: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+        uniq, inv = dedupe_prompts(prompt_ids)
+        if (self.share_prompt_prefix and len(uniq) < len(prompt_ids)
+                and max(len(c) for c in completion_ids) <= width):
+            return self._forward_logprobs_shared(model, uniq, inv, completion_ids, width)
         seqs = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
         # at least width + 1 columns, so the last width + 1 logits exist even when every sequence is
         # shorter than the requested width (e.g. short rescue rows packed to a batch's width)
@@ -253,6 +268,49 @@ class Policy:
         targets = ids[:, -width:]
         tok_logit = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         return tok_logit - torch.logsumexp(logits, dim=-1)
+
+    def _forward_logprobs_shared(self, model: torch.nn.Module, uniq: list[list[int]], inv: list[int],
+                                 completion_ids: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+        """:meth:`_forward_logprobs` for rows that share prompts (a GRPO group): each distinct prompt
+        runs through the model once, its KV cache is indexed out to its rows, and only the
+        completions run per row. Same values and gradients (the prompt's gradient is the sum over
+        its rows), about ``prompt / (prompt + completion) * (1 - 1/G)`` less forward and backward
+        work. Completions are left-aligned after the cached prompt, then laid out right-aligned."""
+        dev = self.device
+        b = len(completion_ids)
+        lens = torch.tensor([len(c) for c in completion_ids], device=dev)
+        cmax = max(1, int(lens.max()))
+        p_ids, p_mask = self._left_pad(uniq)
+        p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
+        rows = torch.tensor(inv, device=dev)
+        c_ids = torch.full((b, cmax), self.pad_id, dtype=torch.long)
+        c_mask = torch.zeros((b, cmax), dtype=torch.long)
+        for i, c in enumerate(completion_ids):
+            if c:
+                c_ids[i, :len(c)] = torch.as_tensor(list(c))
+                c_mask[i, :len(c)] = 1
+        c_ids, c_mask = c_ids.to(dev), c_mask.to(dev)
+        cache_kw = _cache_kwarg(model)
+        with self._autocast():
+            out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True,
+                        logits_to_keep=1)
+        # the prompt's last logit predicts each row's first completion token
+        parts = [_token_logprobs(out.logits[:, -1:][rows], c_ids[:, :1], self.options.temperature)]
+        if cmax > 1:
+            cache = getattr(out, cache_kw)
+            cache.batch_select_indices(rows)
+            mask = torch.cat([p_mask[rows], c_mask], dim=1)
+            pos = p_mask.sum(-1, keepdim=True)[rows] + torch.arange(cmax, device=dev).unsqueeze(0)
+            keep = torch.arange(cmax - 1, device=dev)  # position j predicts completion token j + 1
+            with self._autocast():
+                out2 = model(input_ids=c_ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                             logits_to_keep=keep, **{cache_kw: cache})
+            parts.append(_token_logprobs(out2.logits, c_ids[:, 1:], self.options.temperature))
+        left = torch.cat(parts, dim=1)  # [B, cmax], completion token j in column j
+        j = torch.arange(width, device=dev).unsqueeze(0) - (width - lens).unsqueeze(1)
+        valid = j >= 0
+        right = left.gather(1, j.clamp(min=0, max=cmax - 1))
+        return torch.where(valid, right, torch.zeros_like(right))
 
     def logprobs(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
                  width: int | None = None, *, reference: bool = False) -> torch.Tensor:
@@ -278,6 +336,24 @@ class Policy:
         """A cheap scalar summary of the weights (for tests and logs)."""
         with torch.no_grad():
             return float(sum(p.double().abs().sum() for p in self.model.parameters()))
+
+
+def dedupe_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[int]]:
+    """Distinct prompts in first-seen order and, per row, the index of its prompt among them."""
+    index: dict[tuple[int, ...], int] = {}
+    inv = []
+    for p in prompt_ids:
+        inv.append(index.setdefault(tuple(p), len(index)))
+    return [list(k) for k in index], inv
+
+
+def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``log softmax(logits / T)`` at ``targets`` (``[B, n, V]``, ``[B, n]`` -> ``[B, n]``), in fp32."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    tok = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return tok - torch.logsumexp(logits, dim=-1)
 
 
 def _adamw_impl(device: torch.device) -> dict[str, bool]:

@@ -1,0 +1,71 @@
+"""Performance paths give the same numbers as the plain ones: shared-prompt forward and sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mutualrl.config import GRPOOptions
+from mutualrl.policy import Policy, dedupe_prompts
+
+
+def _policy(path, **kw) -> Policy:
+    torch.manual_seed(0)
+    pol = Policy("p", str(path), GRPOOptions(num_generations=4, max_completion_length=6, **kw))
+    pol.model.eval()  # no dropout: both paths must agree exactly
+    return pol
+
+
+def _rows(pol: Policy) -> tuple[list[list[int]], list[list[int]]]:
+    qs = ["What is 12 + 34?", "What is 5 - 3?", "What is 99 + 1?"]
+    prompts = [pol.encode_prompt(q) for q in qs]
+    g = torch.Generator().manual_seed(1)
+    rows_p, rows_c = [], []
+    for p in prompts:
+        for n in (1, 3, 5, 2):  # ragged completions inside each group
+            rows_p.append(p)
+            rows_c.append(torch.randint(3, len(pol.tokenizer), (n,), generator=g).tolist())
+    return rows_p, rows_c
+
+
+def test_dedupe_prompts() -> None:
+    uniq, inv = dedupe_prompts([[1, 2], [3], [1, 2], [3], [4]])
+    assert uniq == [[1, 2], [3], [4]] and inv == [0, 1, 0, 1, 2]
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prefix_logprobs_and_grads_match(tiny_models, name, temperature) -> None:
+    pol = _policy(tiny_models[name], temperature=temperature)
+    prompts, comps = _rows(pol)
+    out = {}
+    for shared in (False, True):
+        pol.share_prompt_prefix = shared
+        pol.model.zero_grad(set_to_none=True)
+        for width in (None, 8):
+            lp = pol.logprobs(prompts, comps, width)
+            w = width or 5
+            mask = torch.arange(w).unsqueeze(0) >= (w - torch.tensor([len(c) for c in comps])).unsqueeze(1)
+            lp = torch.where(mask, lp, torch.zeros_like(lp))
+            if width is None:
+                (lp * torch.linspace(0.5, 1.5, lp.numel()).view_as(lp)).sum().backward()
+            out[(shared, width)] = lp.detach()
+        out[(shared, "grad")] = [p.grad.clone() for p in pol.model.parameters() if p.grad is not None]
+    for width in (None, 8):
+        assert torch.allclose(out[(True, width)], out[(False, width)], atol=1e-5), width
+    for a, b in zip(out[(True, "grad")], out[(False, "grad")], strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_shared_prefix_sampling_matches(tiny_models, name) -> None:
+    pol = _policy(tiny_models[name])
+    prompts = [pol.encode_prompt(q) for q in ["What is 12 + 34?", "What is 5 - 3?"] for _ in range(4)]
+    res = {}
+    for shared in (False, True):
+        pol.share_prompt_prefix = shared
+        pol.generator.manual_seed(3)
+        res[shared] = pol.generate_ids(prompts)
+    assert res[True][0] == res[False][0]
+    for a, b in zip(res[True][1], res[False][1], strict=True):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
