@@ -27,13 +27,13 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mutualrl.errors import UserError
 
-ZOO_VERSION = "1"
+ZOO_VERSION = "2"
 """Bump when anything that changes a built policy changes (code, task, tokenizers)."""
 
 PROMPT_TEMPLATE = "{question} Answer: "
@@ -75,7 +75,10 @@ class ZooSpec:
     """How to build one zoo policy.
 
     ``sft_mixture`` maps task types (source names of :func:`default_task`) to their share of the
-    warm-start examples. ``n_inner`` of 0 means 4 × ``n_embd``; ``n_kv_head`` of 0 means
+    warm-start examples. SFT stops early once greedy accuracy on a validation slice of the
+    training problems (never the test split) reaches ``sft_target`` for every type named there,
+    checked every ``sft_eval_every`` steps: the sharp, run-dependent onset of skill in tiny models
+    makes a fixed step count land anywhere from 15 % to 80 %. ``n_inner`` of 0 means 4 × ``n_embd``; ``n_kv_head`` of 0 means
     ``n_head`` (only Llama/Qwen2 use it). ``vocab_size`` is an upper bound given to the tokenizer
     trainer (the card records the real size).
     """
@@ -96,6 +99,8 @@ class ZooSpec:
     warmup_frac: float = 0.05
     weight_decay: float = 0.01
     max_positions: int = 128
+    sft_target: dict[str, float] = field(default_factory=dict)
+    sft_eval_every: int = 50
     description: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,20 +118,21 @@ ZOO: dict[str, ZooSpec] = {
     "gpt2-add": ZooSpec(
         name="gpt2-add", arch="gpt2", tokenizer="byte_bpe", vocab_size=384,
         n_layer=3, n_embd=160, n_head=4, sft_mixture={"add": 0.8, "sub": 0.2},
-        sft_steps=1000, lr=3e-3, batch=96,
+        sft_steps=1000, lr=3e-3, batch=96, sft_target={"add": 0.4},
         description="GPT-2 family, byte-level BPE; warm-started mostly on addition",
     ),
     "llama-sub": ZooSpec(
         name="llama-sub", arch="llama", tokenizer="unigram", vocab_size=400,
         n_layer=3, n_embd=144, n_head=4, n_kv_head=2, n_inner=384,
-        sft_mixture={"add": 0.15, "sub": 0.85}, sft_steps=800, lr=3e-3, batch=96,
+        sft_mixture={"add": 0.15, "sub": 0.85}, sft_steps=1000, lr=3e-3, batch=96,
+        sft_target={"sub": 0.4},
         description="Llama family (GQA, RoPE, SwiGLU), SentencePiece-style Unigram; "
                     "warm-started mostly on subtraction",
     ),
     "neox-mix": ZooSpec(
         name="neox-mix", arch="gpt_neox", tokenizer="char", vocab_size=128,
         n_layer=3, n_embd=128, n_head=4, sft_mixture={"add": 0.5, "sub": 0.5},
-        sft_steps=800, lr=3e-3, batch=96,
+        sft_steps=1000, lr=3e-3, batch=96, sft_target={"add": 0.2, "sub": 0.2},
         description="GPT-NeoX family (parallel residual, partial rotary), character level; "
                     "a weak generalist warm-started on both types",
     ),
@@ -207,13 +213,32 @@ def _collate(examples: Sequence[tuple[list[int], int]], pad_id: int):
     return input_ids, mask, labels
 
 
+VAL_SIZE = 200
+"""Training problems per type held out of SFT to decide early stopping (the last ones)."""
+
+
+def _val_accuracy(model: Any, tokenizer: Any, task: Any, val: dict[str, list[Any]]) -> dict[str, float]:
+    from mutualrl.tasks import SUCCESS_THRESHOLD
+
+    out = {}
+    for k, problems in val.items():
+        texts = generate_answers(model, tokenizer, [format_prompt(p.question) for p in problems])
+        out[k] = sum(task.verify(p, t) >= SUCCESS_THRESHOLD
+                     for p, t in zip(problems, texts)) / len(problems)
+    return out
+
+
 def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
-        on_step: Callable[[int, float], None] | None = None) -> list[float]:
+        on_step: Callable[[int, float], None] | None = None,
+        history: list[dict[str, Any]] | None = None) -> list[float]:
     """Warm-start ``model`` on ``spec.sft_mixture`` of ``task``'s training problems.
 
     Loss on the completion (answer + EOS) only; AdamW with linear warm-up and cosine decay to
-    10 %. Deterministic in ``seed``. Returns the loss per step.
+    10 % over ``spec.sft_steps``; stops early when ``spec.sft_target`` is reached on the
+    validation slice (each check appended to ``history``). Deterministic in ``seed``. Returns
+    the loss per step (its length is the number of steps done).
     """
+    history = [] if history is None else history
     import torch
     import torch.nn.functional as F
 
@@ -223,7 +248,10 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
                         f" valid: {sorted(task.train)}")
     types = [k for k, w in spec.sft_mixture.items() if w > 0]
     weights = torch.tensor([spec.sft_mixture[k] for k in types], dtype=torch.float)
-    pools = {k: _encode_examples(tokenizer, task.train[k]) for k in types}
+    n_val = VAL_SIZE if spec.sft_target else 0
+    val = {k: task.train[k][-n_val:] for k in spec.sft_target}
+    pools = {k: _encode_examples(tokenizer, task.train[k][: len(task.train[k]) - n_val])
+             for k in types}
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98),
                             weight_decay=spec.weight_decay)
@@ -256,6 +284,12 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
         losses.append(float(loss.detach()))
         if on_step is not None:
             on_step(step, losses[-1])
+        if val and (step + 1) % spec.sft_eval_every == 0:
+            acc = _val_accuracy(model, tokenizer, task, val)
+            history.append({"step": step + 1, **acc})
+            model.train()
+            if all(acc[k] >= t for k, t in spec.sft_target.items()):
+                break
     model.eval()
     return losses
 
@@ -378,7 +412,8 @@ def _build_one(spec: ZooSpec, seed: int, task: Any, target: Path,
     torch.manual_seed(seed)
     model = build_model(spec, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
-    losses = sft(model, tokenizer, task, spec, seed, on_step)
+    history: list[dict[str, Any]] = []
+    losses = sft(model, tokenizer, task, spec, seed, on_step, history)
     t_sft = time.perf_counter() - t0
     greedy = evaluate(model, tokenizer, task, temperature=0.0, seed=seed)
     sampled = evaluate(model, tokenizer, task, temperature=1.0, seed=seed)
@@ -393,6 +428,7 @@ def _build_one(spec: ZooSpec, seed: int, task: Any, target: Path,
                            "eos": [tokenizer.eos_token, tokenizer.eos_token_id],
                            "unk": [tokenizer.unk_token, tokenizer.unk_token_id]},
         "prompt_template": PROMPT_TEMPLATE,
+        "sft_steps_done": len(losses), "sft_val_history": history,
         "sft_loss_first": sum(losses[:k]) / k, "sft_loss_last": sum(losses[-k:]) / k,
         "accuracy_greedy": greedy, "accuracy_sampled_t1": sampled,
         "n_test_per_type": {name: len(p) for name, p in task.test.items()},

@@ -109,3 +109,17 @@ def test_cli(tmp_path, capsys):
     args = _parse(["zoo", "build", "--names", "nope", "--cache-dir", str(tmp_path)])
     with pytest.raises(UserError, match="nope"):
         args.func(args)
+
+
+def test_sft_stops_early_at_target():
+    import torch
+
+    from mutualrl.zoo_tokenizers import train_tokenizer
+
+    spec = dataclasses.replace(TINY["gpt2-add"], sft_target={"add": 0.0}, sft_eval_every=5)
+    task = zoo.default_task(0, test_size=10, train_size=2000)
+    tok = train_tokenizer(spec.tokenizer, zoo._corpus(task, limit=500), spec.vocab_size)
+    torch.manual_seed(0)
+    history: list = []
+    losses = zoo.sft(zoo.build_model(spec, tok), tok, task, spec, 0, history=history)
+    assert len(losses) == 5 and history == [{"step": 5, "add": history[0]["add"]}]
