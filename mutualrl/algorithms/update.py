@@ -16,15 +16,19 @@ def _chunk_weights(rows: list[TrainRow], cur_logp: torch.Tensor, width: int, cli
     """Per-token truncated importance weights of peer rows from THL chunk log-ratios."""
     w = torch.ones_like(cur_logp)
     ratios: list[float] = []
-    for i, row in enumerate(rows):
-        if row.kind != "peer" or not row.peer_chunks:
-            continue
+    peer_idx = [i for i, row in enumerate(rows) if row.kind == "peer" and row.peer_chunks]
+    # one device-to-host copy of the peer rows, then plain Python sums per chunk
+    cur_rows = cur_logp[peer_idx].detach().double().tolist() if peer_idx else []
+    for i, cur in zip(peer_idx, cur_rows, strict=True):
+        row = rows[i]
         off = width - len(row.completion_ids)
+        w_row = [1.0] * width
         for a, b, peer_sum in row.peer_chunks:
-            lr = float(cur_logp[i, off + a:off + b].sum()) - peer_sum
+            lr = math.fsum(cur[off + a:off + b]) - peer_sum
             r = math.exp(min(lr, 50.0))
             ratios.append(r)
-            w[i, off + a:off + b] = min(r, clip)
+            w_row[off + a:off + b] = [min(r, clip)] * (b - a)
+        w[i] = torch.tensor(w_row, dtype=w.dtype, device=w.device)
     stats: dict[str, float] = {}
     if ratios:
         t = torch.tensor(ratios, dtype=torch.float64)
@@ -60,20 +64,24 @@ def train_on_batch(policy: Policy, batch: TrainBatch, *, prp_ratio_clip: float =
             ref = policy.logprobs([r.prompt_ids for r in rl_rows], [r.completion_ids for r in rl_rows],
                                   width, reference=True)
         is_w = None
-        if bool(offpolicy.any()):
-            with torch.no_grad():
-                cur = policy.logprobs([r.prompt_ids for r in rl_rows], [r.completion_ids for r in rl_rows], width)
-            is_w, s = _chunk_weights(rl_rows, cur, width, prp_ratio_clip)
-            stats.update(s)
+        has_peer = bool(offpolicy.any())
     rescue_mask = None
     if rescue:
         rescue_mask = right_mask([len(r.completion_ids) for r in rescue], width).to(policy.device)
+    # RL rows and rescue rows go through one forward pass (they share prompts: see Policy.logprobs)
+    all_rows = rl_rows + rescue
     for it in range(opts.num_iterations):
         policy.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=policy.device)
+        lp_all = policy.logprobs([r.prompt_ids for r in all_rows], [r.completion_ids for r in all_rows], width)
         if rl_rows:
-            logp = policy.logprobs([r.prompt_ids for r in rl_rows], [r.completion_ids for r in rl_rows], width)
-            if it == 0 and not any(r.kind == "peer" for r in rl_rows):
+            logp = lp_all[:len(rl_rows)]
+            if it == 0 and has_peer:
+                # the weights are those before any step here, so iteration 0's own forward gives the
+                # current log-probs of the peer rows: no separate no-grad pass
+                is_w, s = _chunk_weights(rl_rows, logp.detach(), width, prp_ratio_clip)
+                stats.update(s)
+            if it == 0 and not has_peer:
                 with torch.no_grad():
                     diff = (logp.detach() - old).abs() * mask
                     stats["logprob_mismatch_max"] = float(diff.max())
@@ -85,8 +93,7 @@ def train_on_batch(policy: Policy, batch: TrainBatch, *, prp_ratio_clip: float =
             stats.update({k: v for k, v in out.stats.items()})
             stats["pg_loss"] = float(out.loss.detach())
         if rescue:
-            lp = policy.logprobs([r.prompt_ids for r in rescue], [r.completion_ids for r in rescue], width)
-            nll = sequence_nll(lp, rescue_mask)
+            nll = sequence_nll(lp_all[len(rl_rows):], rescue_mask)
             lam = torch.tensor([r.weight for r in rescue], device=policy.device)
             # lambda-weighted mean NLL over rescue rows, scaled by the share of rescue rows in the batch
             sgt = (lam * nll).sum() / max(1, len(rl_rows) // max(1, opts.num_generations))
