@@ -46,7 +46,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "allocation.json"
 SEED = 0
 SMALL = {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_inner": 128}
 MEDIUM = {"n_layer": 3, "n_embd": 128, "n_head": 4, "n_inner": 512}
-BIG = {"n_layer": 4, "n_embd": 192, "n_head": 4, "n_inner": 768}
+BIG = {"n_layer": 6, "n_embd": 256, "n_head": 4, "n_inner": 1024}
 """The big policy costs about 5x the small one per step (measured: ``details.balance.cost_ratio``)."""
 
 
