@@ -113,6 +113,12 @@ class Policy:
         elif isinstance(gen_eos, list):
             self.eos_ids.update(gen_eos)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        if options.dtype == "bfloat16" and self.device.type == "cpu" and not cpu_has_native_bf16():
+            import warnings
+
+            warnings.warn("dtype: bfloat16 on a CPU without native bf16 matmuls (no avx512_bf16/amx_bf16): "
+                          "bf16 autocast is emulated there and much slower than float32 "
+                          "(see docs/performance.md)", RuntimeWarning, stacklevel=2)
         self.ref_model = None
         if options.beta > 0:
             self.ref_model = copy.deepcopy(self.model).eval()
@@ -354,6 +360,19 @@ def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
         logits = logits / temperature
     tok = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return tok - torch.logsumexp(logits, dim=-1)
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU has bf16 matmul instructions (Linux ``/proc/cpuinfo``; True if unknown)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return True
 
 
 def _adamw_impl(device: torch.device) -> dict[str, bool]:

@@ -69,3 +69,17 @@ def test_shared_prefix_sampling_matches(tiny_models, name) -> None:
     assert res[True][0] == res[False][0]
     for a, b in zip(res[True][1], res[False][1], strict=True):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+
+
+def test_bf16_on_cpu_without_native_bf16_warns(tiny_models, monkeypatch) -> None:
+    import mutualrl.policy as mp
+
+    monkeypatch.setattr(mp, "cpu_has_native_bf16", lambda: False)
+    with pytest.warns(RuntimeWarning, match="bfloat16"):
+        Policy("p", str(tiny_models["tiny-gpt2"]), GRPOOptions(dtype="bfloat16"))
+    monkeypatch.setattr(mp, "cpu_has_native_bf16", lambda: True)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        Policy("p", str(tiny_models["tiny-gpt2"]), GRPOOptions(dtype="bfloat16"))
