@@ -1,0 +1,39 @@
+"""Shared bits of the benchmarks: machine description, git revision, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform(), "load_avg_1m": os.getloadavg()[0]}
+
+
+def git_rev() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                       cwd=Path(__file__).resolve().parent).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_result(name: str, data: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=False))
+    os.replace(tmp, path)
+    print(f"wrote {path}", file=sys.stderr)
+    return path
