@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (each in its own process, "
                     "torch threads = cores / jobs)")
     ap.add_argument("--one", nargs=3, metavar=("ARM", "SEED", "DIR"), help=argparse.SUPPRESS)
+    ap.add_argument("--reuse", action="store_true", help="keep runs that already finished in --out")
     ap.add_argument("--set", default=None, help="JSON merged into the demo config (e.g. sharing options)")
     args = ap.parse_args()
     if args.one:
@@ -54,6 +55,9 @@ def main() -> None:
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     running: list = []
     for arm, seed, d in jobs:
+        if args.reuse and (d / "summary.json").is_file():
+            running.append((arm, seed, d, time.perf_counter(), subprocess.Popen(["true"])))
+            continue
         if d.exists():
             shutil.rmtree(d)
         cmd = [sys.executable, __file__, "--one", arm, str(seed), str(d)]

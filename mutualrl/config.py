@@ -348,7 +348,9 @@ def _check_model_ref(ref: str, path: str) -> None:
     if ref.startswith("zoo:"):
         from mutualrl import zoo
 
-        name = ref[4:]
+        name, _, zseed = ref[4:].partition("@")
+        if zseed and not zseed.isdigit():
+            raise ConfigError(path, f"zoo seed in {ref!r} must be an integer (zoo:NAME@SEED)")
         if name not in zoo.ZOO:
             close = difflib.get_close_matches(name, list(zoo.ZOO), n=1)
             hint = f" (did you mean 'zoo:{close[0]}'?)" if close else ""

@@ -36,12 +36,15 @@ class Sample:
     finished: bool
 
 
-def resolve_model_path(ref: str, seed: int = 0) -> str:
+def resolve_model_path(ref: str) -> str:
     """Map ``zoo:<name>`` / ``real:<name>`` to a local directory; other refs pass through."""
     if ref.startswith("zoo:"):
         from mutualrl import zoo
 
-        return str(zoo.zoo_model_dir(ref[4:], seed=seed))
+        # the zoo's build seed is part of the reference (zoo:NAME@SEED, default 0), never the run's
+        # seed: every run seed starts from the same warm-started policy
+        name, _, zseed = ref[4:].partition("@")
+        return str(zoo.zoo_model_dir(name, seed=int(zseed or 0)))
     if ref.startswith("real:"):
         from mutualrl import realmodels
 

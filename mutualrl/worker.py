@@ -81,7 +81,7 @@ class PolicyWorker:
         seed = cfg.seed * 1009 + index
         torch.manual_seed(seed)
         self.task = build_task(cfg)
-        self.policy = Policy(self.name, resolve_model_path(self.pcfg.model, cfg.seed), self.options,
+        self.policy = Policy(self.name, resolve_model_path(self.pcfg.model), self.options,
                              prompt_template=self.pcfg.prompt_template, system_prompt=self.pcfg.system_prompt,
                              seed=seed)
         self.peer_tokenizers = self._load_peer_tokenizers()
@@ -113,7 +113,7 @@ class PolicyWorker:
         for i, p in enumerate(self.cfg.policies):
             if i == self.index:
                 continue
-            tok = AutoTokenizer.from_pretrained(resolve_model_path(p.model, self.cfg.seed))
+            tok = AutoTokenizer.from_pretrained(resolve_model_path(p.model))
             out[tokenizer_fingerprint(tok)] = tok
         return out
 

@@ -232,11 +232,12 @@ def count_parameters(model_ref: str, seed: int = 0) -> int | None:
     """
     try:
         if model_ref.startswith("zoo:"):
-            return _zoo_params(model_ref[4:], seed)
+            name, _, zseed = model_ref[4:].partition("@")
+            return _zoo_params(name, int(zseed or seed))
         if model_ref.startswith("real:"):
             from mutualrl.policy import resolve_model_path
 
-            return _dir_params(Path(resolve_model_path(model_ref, seed)))
+            return _dir_params(Path(resolve_model_path(model_ref)))
         p = Path(model_ref).expanduser()
         if (p / "config.json").is_file():
             return _dir_params(p)
