@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import dataclasses
 import errno
 import json
 import os
@@ -60,29 +59,6 @@ def digits(prompts, completions, **columns):
 
 
 # ----------------------------------------------------------------------------- setup
-def build_tiny_models(root: Path) -> dict[str, Path]:
-    """Two untrained tiny causal LMs of different families and tokenizer algorithms."""
-    import torch
-
-    from mutualrl.zoo import ZOO, build_model, default_task
-    from mutualrl.zoo_tokenizers import train_tokenizer
-
-    torch.manual_seed(0)
-    task = default_task(seed=0, test_size=50, train_size=500)
-    texts = [p.question + " Answer: " + p.answer for p in task.problems("train")]
-    out = {}
-    for name, zoo_name, kind, extra in [("tiny-gpt2", "gpt2-add", "byte_bpe", {}),
-                                        ("tiny-llama", "llama-sub", "unigram", {"n_kv_head": 1})]:
-        d = root / name
-        if not (d / "config.json").is_file():
-            spec = dataclasses.replace(ZOO[zoo_name], n_layer=1, n_embd=32, n_head=2, n_inner=64, **extra)
-            tok = train_tokenizer(kind, texts, spec.vocab_size)
-            build_model(spec, tok).save_pretrained(d)
-            tok.save_pretrained(d)
-        out[name] = d
-    return out
-
-
 def run_config(models: dict[str, Path], steps: int, **extra: Any) -> dict[str, Any]:
     """A 2-policy run on the tiny models with a dense extra reward (module ``faults_reward``)."""
     cfg = {
@@ -669,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="mutualrl-faults-"))
     (work / "faults_reward.py").write_text(REWARD_MODULE)
     sys.path.insert(0, str(work))
+    from mutualrl.zoo import build_tiny_models
+
     models = build_tiny_models(work / "models")
     steps = 10 if args.quick else 16
     rng = random.Random(args.seed)

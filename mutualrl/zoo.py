@@ -510,6 +510,33 @@ def build_zoo(names: Sequence[str] | None = None, seed: int = 0,
     return dirs
 
 
+def build_tiny_models(root: str | os.PathLike[str]) -> dict[str, Path]:
+    """Two untrained, very small zoo-family models for tests and fault benchmarks (seconds to build).
+
+    ``{"tiny-gpt2": dir (GPT-2, byte-level BPE), "tiny-llama": dir (Llama, Unigram)}`` under
+    ``root``; a directory that already holds a model is reused.
+    """
+    import torch
+
+    from mutualrl.zoo_tokenizers import train_tokenizer
+
+    root = Path(root)
+    torch.manual_seed(0)
+    task = default_task(seed=0, test_size=50, train_size=500)
+    texts = [p.question + " Answer: " + p.answer for p in task.problems("train")]
+    out = {}
+    for name, zoo_name, kind, extra in [("tiny-gpt2", "gpt2-add", "byte_bpe", {}),
+                                        ("tiny-llama", "llama-sub", "unigram", {"n_kv_head": 1})]:
+        d = root / name
+        if not (d / "config.json").is_file():
+            spec = dataclasses.replace(ZOO[zoo_name], n_layer=1, n_embd=32, n_head=2, n_inner=64, **extra)
+            tok = train_tokenizer(kind, texts, spec.vocab_size)
+            build_model(spec, tok).save_pretrained(d)
+            tok.save_pretrained(d)
+        out[name] = d
+    return out
+
+
 def zoo_model_dir(name: str, seed: int = 0, cache_dir: str | os.PathLike[str] | None = None,
                   progress: bool = True) -> Path:
     """The model directory of zoo policy ``name`` (``model: zoo:<name>``), built on demand."""

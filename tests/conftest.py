@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -11,27 +10,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-
-def _build_tiny(root: Path) -> dict[str, Path]:
-    import torch
-
-    from mutualrl.zoo import ZOO, build_model, default_task
-    from mutualrl.zoo_tokenizers import train_tokenizer
-
-    torch.manual_seed(0)
-    task = default_task(seed=0, test_size=50, train_size=500)
-    texts = [p.question + " Answer: " + p.answer for p in task.problems("train")]
-    out = {}
-    for name, zoo_name, kind, extra in [("tiny-gpt2", "gpt2-add", "byte_bpe", {}),
-                                        ("tiny-llama", "llama-sub", "unigram", {"n_kv_head": 1})]:
-        spec = dataclasses.replace(ZOO[zoo_name], n_layer=1, n_embd=32, n_head=2, n_inner=64, **extra)
-        tok = train_tokenizer(kind, texts, spec.vocab_size)
-        model = build_model(spec, tok)
-        d = root / name
-        model.save_pretrained(d)
-        tok.save_pretrained(d)
-        out[name] = d
-    return out
+from mutualrl.zoo import build_tiny_models  # noqa: E402 (after the offline switch)
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +19,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     ``{"tiny-gpt2": dir (GPT-2, byte-level BPE), "tiny-llama": dir (Llama, Unigram)}``.
     """
-    return _build_tiny(tmp_path_factory.mktemp("tiny_models"))
+    return build_tiny_models(tmp_path_factory.mktemp("tiny_models"))
 
 
 @pytest.fixture()
