@@ -52,12 +52,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_tasks)
 
 
-def _load(path: str, overrides: dict) -> "RunConfig":  # noqa: F821
-    from mutualrl.config import load_config
-
-    return load_config(path, overrides=overrides)
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from mutualrl.trainer import MutualTrainer
 
@@ -102,7 +96,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
             cfg = load_config(data, overrides=overrides)
         else:
-            cfg = _load(args.config, overrides)
+            from mutualrl.config import load_config
+
+            cfg = load_config(args.config, overrides=overrides)
         out = Path(args.output or cfg.output_dir or Path("runs") / Path(args.config).stem)
         trainer = MutualTrainer(cfg, out, progress=not args.no_progress)
     summary = trainer.train()

@@ -341,11 +341,6 @@ class Policy:
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
-    def state_fingerprint(self) -> float:
-        """A cheap scalar summary of the weights (for tests and logs)."""
-        with torch.no_grad():
-            return float(sum(p.double().abs().sum() for p in self.model.parameters()))
-
 
 def dedupe_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[int]]:
     """Distinct prompts in first-seen order and, per row, the index of its prompt among them."""

@@ -8,7 +8,6 @@ sharing strategy and updates. Held-out evaluation every ``eval_every`` steps, ch
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import os
@@ -32,7 +31,7 @@ from mutualrl.checkpoint import (
 from mutualrl.config import RunConfig, load_config
 from mutualrl.errors import UserError
 
-__all__ = ["CHECKPOINTS", "LATEST", "MutualTrainer", "latest_checkpoint", "run_config_replace"]
+__all__ = ["CHECKPOINTS", "LATEST", "MutualTrainer", "latest_checkpoint"]
 
 _atomic_write = atomic_write_text
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
@@ -286,8 +285,3 @@ class MutualTrainer:
         if self.run_dir is not None:
             _atomic_write(self.run_dir / "summary.json", json.dumps(out, indent=1))
         return out
-
-
-def run_config_replace(cfg: RunConfig, **changes: Any) -> RunConfig:
-    """A copy of ``cfg`` with top-level fields replaced."""
-    return dataclasses.replace(cfg, **changes)
