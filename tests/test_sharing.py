@@ -16,6 +16,8 @@ from mutualrl.algorithms.sharing import (
     available_strategies,
     build_batch,
     check_strategy_name,
+    parse_strategy,
+    register_strategy,
 )
 from mutualrl.algorithms.update import _chunk_weights, train_on_batch
 from mutualrl.config import GRPOOptions, SharingConfig
@@ -49,11 +51,11 @@ def _group(problem, rewards, prompt_len=3, comp_len=2, scores=None):
                     list(rewards), list(rewards if scores is None else scores))
 
 
-def _encode(text: str, eos: bool) -> list[int]:
-    return [ord(c) for c in text] + ([0] if eos else [])
+def _encode(prompt_ids, text: str) -> list[int]:
+    return [ord(c) for c in text] + [0]
 
 
-def _align(r: Rollout):
+def _align(r: Rollout, prompt_ids=()):
     """A fake THL: one learner token per character, one chunk per two characters."""
     if r.completion == "REFUSE":
         return None
@@ -63,8 +65,12 @@ def _align(r: Rollout):
 
 
 def _ctx(task, groups, records=(), *, options=None, **sharing):
-    return ShareContext(groups, PeerRows.from_records(list(records)), task, options or GRPOOptions(),
-                        SharingConfig(**sharing), _encode, _align)
+    return ShareContext(groups, PeerRows.from_records(list(records)), options or GRPOOptions(),
+                        SharingConfig(**sharing), _scorer(task), _encode, _align)
+
+
+def _scorer(task):
+    return lambda problems, completions: task.rewards(problems, [p.question for p in problems], completions)
 
 
 def _rollout(problem, text, reward=0.0, source="peer", idx=0):
@@ -172,7 +178,7 @@ def test_sgt_adds_one_rescue_row_when_open_and_verified(task):
     rescue = [r for r in batch.rows if r.kind == "rescue"]
     assert len(rescue) == 1
     assert rescue[0].weight == 0.3
-    assert rescue[0].completion_ids == _encode(good, True)
+    assert rescue[0].completion_ids == _encode(None, good)
     assert rescue[0].prompt_ids == [100, 101, 102]
     assert batch.metrics["sgt_rescue"] == 1
     assert batch.metrics["sgt_refused"] == 1  # the wrong one, seen before the good one
@@ -273,7 +279,7 @@ def gpt2_policy(tiny_models):
 def test_sgt_rescue_term_raises_the_likelihood_of_the_success(gpt2_policy):
     pol = gpt2_policy
     prompt = pol.encode_prompt("Calculate 12 + 30.")
-    target = pol.encode_completion("42", True)
+    target = pol.encode_completion(None, "42")
     batch = TrainBatch([TrainRow(prompt, target, 0.0, None, "rescue", None, 1.0)])
 
     def nll() -> float:
@@ -281,12 +287,10 @@ def test_sgt_rescue_term_raises_the_likelihood_of_the_success(gpt2_policy):
             return -float(pol.logprobs([prompt], [target]).sum())
 
     before = nll()
-    v0 = pol.version
     for _ in range(5):
         stats = train_on_batch(pol, batch)
     assert "sgt_nll" in stats and math.isfinite(stats["loss"])
     assert nll() < before - 0.5
-    assert pol.version == v0 + 5
 
 
 def test_update_mixes_long_own_rows_short_rescue_and_peer_rows(gpt2_policy):
@@ -298,10 +302,10 @@ def test_update_mixes_long_own_rows_short_rescue_and_peer_rows(gpt2_policy):
         lp = pol.logprobs([prompt, prompt], [long, long[:5]])
     own1 = TrainRow(prompt, long, 1.0, lp[0].tolist())
     own2 = TrainRow(prompt, long[:5], -1.0, lp[1, -5:].tolist())
-    peer_ids = pol.encode_completion("3", True)
+    peer_ids = pol.encode_completion(None, "3")
     peer = TrainRow(prompt, peer_ids, 1.0, None, "peer", [(0, len(peer_ids) - 1, -2.0),
                                                             (len(peer_ids) - 1, len(peer_ids), -0.1)], 0.5)
-    rescue = TrainRow(prompt[-1:], pol.encode_completion("3", True), 0.0, None, "rescue", None, 0.1)
+    rescue = TrainRow(prompt[-1:], pol.encode_completion(None, "3"), 0.0, None, "rescue", None, 0.1)
     stats = train_on_batch(pol, TrainBatch([own1, own2, peer, rescue]), prp_ratio_clip=1.0)
     for k in ("prp_ratio_mean", "prp_ess_frac", "sgt_nll", "pg_loss", "grad_norm", "loss"):
         assert math.isfinite(stats[k]), k
@@ -337,13 +341,13 @@ def test_prp_weights_equal_thl_chunk_ratios_truncated(gpt2_policy, llama_policy)
     learner, peer = gpt2_policy, llama_policy
     text = "42 is the Answer"
     q = "Calculate 12 + 30."
-    peer_ids = peer.encode_completion(text, True)
+    peer_ids = peer.encode_completion(None, text)
     with torch.no_grad():
         peer_lps = peer.logprobs([peer.encode_prompt(q)], [peer_ids])[0].tolist()
     res = peer_trace(text, peer_ids, peer_lps, peer.tokenizer, learner.tokenizer)
     assert res is not None
     ids, chunks, residual = res
-    assert ids == learner.encode_completion(text, True)
+    assert ids == learner.encode_completion(None, text)
     assert residual["noncanonical"] == 0.0 and residual["chunks"] == len(chunks)
     assert chunks[0][0] == 0 and chunks[-1][1] == len(ids)
     assert all(a < b for a, b, _ in chunks)
@@ -397,9 +401,46 @@ def test_update_with_several_iterations_and_kl(tiny_models):
     samples = pol.generate(["Calculate 5 + 5.", "Calculate 7 - 2."], 4)
     rows = [TrainRow(s.prompt_ids, s.completion_ids, a, s.logprobs)
             for s, a in zip(samples, [1.0, -1.0, 0.5, -0.5] * 2)]
-    v0 = pol.version
     stats = train_on_batch(pol, TrainBatch(rows))
     assert stats["logprob_mismatch_max"] < 1e-4
     assert stats["kl"] > 0  # measured at the last iteration, after two optimizer steps
     assert abs(stats["ratio_mean"] - 1.0) > 1e-4
-    assert pol.version == v0 + 1
+
+
+# ----------------------------------------------------------------------------- the registry
+PROBE_SEEN: list[dict[str, int]] = []
+
+
+@register_strategy("probe_outcomes", reads=("group_outcome",))
+def _probe_outcomes(ctx, batch):
+    """A user-registered step: records what the worker handed it."""
+    PROBE_SEEN.append({"rollout": sum(map(len, ctx.peers.rollouts.values())),
+                       "group_outcome": sum(map(len, ctx.peers.outcomes.values())),
+                       "verified_success": sum(map(len, ctx.peers.successes.values()))})
+
+
+def test_a_registered_step_receives_exactly_the_kinds_it_declares(tiny_config):
+    from mutualrl.trainer import MutualTrainer
+
+    cfg = dict(tiny_config, steps=2, eval_every=100, checkpoint_every=100,
+               sharing={"strategy": "probe_outcomes"})
+    PROBE_SEEN.clear()
+    MutualTrainer(cfg, None, progress=False).train()
+    assert len(PROBE_SEEN) == 4  # 2 policies x 2 steps
+    # each peer published 4 prompts' outcomes (and rollouts and successes, which it must not see)
+    assert all(s == {"rollout": 0, "group_outcome": 4, "verified_success": 0} for s in PROBE_SEEN), PROBE_SEEN
+    assert parse_strategy("probe_outcomes+sgt").reads == {"group_outcome", "verified_success"}
+
+
+def test_registry_declarations_are_enforced():
+    with pytest.raises(ValueError, match="already registered"):
+        register_strategy("sgt")(lambda ctx, batch: None)
+    with pytest.raises(ValueError, match="unknown record kinds"):
+        register_strategy("bad_reads", reads=("rollouts",))
+    with pytest.raises(ValueError, match="lower-case"):
+        register_strategy("Bad+Name")
+    # declared properties, not substrings, decide: 'sgt_strict' is not 'sgt', two poolers conflict
+    assert check_strategy_name("sgt_strict") and "unknown strategy" in check_strategy_name("sgt_strict")
+    assert "both pool advantages" in check_strategy_name("prp+xgrpo")
+    assert parse_strategy("independent").reads == frozenset() and not parse_strategy("independent").shares
+    assert parse_strategy("prp").reads == {"rollout"} and parse_strategy("xgrpo").reads == {"group_outcome"}

@@ -1,21 +1,20 @@
 """Sharing strategies: how a learner turns its own group and its peers' rows into a training batch.
 
-A strategy is a chain of named steps (``xgrpo+sgt``); each step is one function registered with
-:func:`register_strategy` that reads a :class:`ShareContext` and edits a :class:`TrainBatch`.
-The base (``independent``) step always runs first: own samples, own group advantages.
+A strategy is a chain of named steps (``xgrpo+sgt``). Each step is one function registered with
+:func:`register_strategy`, which also declares what the step needs: the record kinds it reads from
+the exchange (the worker queries exactly those), whether it rewrites advantages over a pooled
+group (two such steps cannot be chained) and which other steps it cannot be combined with. The
+base step (``independent``: own samples, own group advantages) always runs first.
 
-- ``independent``: plain GRPO on own samples.
-- ``xgrpo``: own samples only; baseline and scale over every policy's rewards for the prompt.
-- ``prp``: peers' rollouts, retokenized by THL, join the group as off-policy rows with truncated
-  THL chunk importance weights; advantages over the pooled group.
-- ``sgt``: for prompts whose whole own group failed, peers' verified successes that the learner's
-  own verifier accepts again become likelihood (rescue) rows, weighted by ``sgt_lambda``.
+The built-in steps live in :mod:`mutualrl.algorithms.strategies` (one module each): ``prp``,
+``xgrpo`` and ``sgt``. :func:`parse_strategy` is the one parser of a strategy name.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,8 +22,8 @@ from typing import Any
 
 from mutualrl.algorithms.grpo import pooled_advantages
 from mutualrl.config import GRPOOptions, SharingConfig
-from mutualrl.experience import GroupOutcome, Rollout, VerifiedSuccess
-from mutualrl.tasks.base import SUCCESS_THRESHOLD, Problem, Task
+from mutualrl.experience import KINDS, GroupOutcome, Rollout, VerifiedSuccess
+from mutualrl.tasks.base import SUCCESS_THRESHOLD, Problem
 
 
 @dataclass
@@ -37,6 +36,13 @@ class OwnGroup:
     logprobs: list[list[float]]
     rewards: list[float]
     scores: list[float]
+    texts: list[str] = field(default_factory=list)
+    """The decoded completions (what peers receive)."""
+
+    @property
+    def informative(self) -> bool:
+        """True when the rewards differ (the group carries a GRPO signal)."""
+        return max(self.rewards) - min(self.rewards) > 1e-12
 
     @property
     def failed(self) -> bool:
@@ -64,6 +70,8 @@ class TrainRow:
 class TrainBatch:
     rows: list[TrainRow] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    n_prompts: int = 0
+    """Prompts of the step (own groups), the denominator of the rescue term."""
 
 
 @dataclass
@@ -87,67 +95,171 @@ class PeerRows:
         return out
 
 
+ScoreFn = Callable[[Sequence[Problem], Sequence[str]], tuple[list[float], list[float]]]
+"""(problems, completions) -> (rewards, verifier scores): the learner's one scoring path."""
+EncodeFn = Callable[[Sequence[int], str], list[int]]
+"""(learner prompt ids, completion text) -> the learner's ids of the text after that prompt, EOS last."""
+AlignFn = Callable[[Rollout, Sequence[int]],
+                   tuple[list[int], list[tuple[int, int, float]], dict[str, float]] | None]
+"""(peer rollout, learner prompt ids) -> (learner ids, THL chunks, residual metrics), or None."""
+
+
 @dataclass
 class ShareContext:
     """Everything a strategy step may read."""
 
     groups: list[OwnGroup]
     peers: PeerRows
-    task: Task
     options: GRPOOptions
     sharing: SharingConfig
-    encode_completion: Callable[[str, bool], list[int]]
-    """Learner's retokenization of a completion text (text, add_eos) -> ids."""
-    align_peer: Callable[[Rollout], tuple[list[int], list[tuple[int, int, float]], dict[str, float]] | None] | None = None
-    """THL: a peer rollout -> (learner completion ids, chunks, residual metrics), None if refused."""
+    score: ScoreFn
+    """The learner's own reward and verifier: a peer's claim is never trusted."""
+    encode_completion: EncodeFn
+    align_peer: AlignFn | None = None
 
 
 StrategyFn = Callable[[ShareContext, TrainBatch], None]
-_REGISTRY: dict[str, StrategyFn] = {}
 
 
-def register_strategy(name: str) -> Callable[[StrategyFn], StrategyFn]:
-    """Register a strategy step under ``name`` (usable in ``sharing.strategy``, joined by '+')."""
+@dataclass(frozen=True)
+class StrategyStep:
+    """A registered strategy step and what it declares about itself."""
+
+    name: str
+    apply: StrategyFn
+    reads: frozenset[str]
+    """Record kinds the step reads from the exchange (``rollout``, ``group_outcome``, ``verified_success``)."""
+    pools_advantages: bool
+    """The step recomputes advantages over a group pooled with peers (at most one such step)."""
+    conflicts: frozenset[str]
+    """Steps it cannot be chained with (the relation is symmetric)."""
+    description: str = ""
+
+
+_REGISTRY: dict[str, StrategyStep] = {}
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+BASE = "independent"
+
+
+def register_strategy(name: str, *, reads: Sequence[str] = (), pools_advantages: bool = False,
+                      conflicts: Sequence[str] = (), description: str = "") -> Callable[[StrategyFn], StrategyFn]:
+    """Register a strategy step under ``name`` (usable in ``sharing.strategy``, chained with '+').
+
+    ``reads`` names the record kinds the step needs: the learner queries the exchange for exactly
+    the union of its steps' kinds. A name can be registered once; a second registration raises
+    ``ValueError`` (use another name).
+    """
+    if not _NAME.match(name):
+        raise ValueError(f"strategy name {name!r} must be lower-case letters, digits and '_', starting with a letter")
+    bad = sorted(set(reads) - set(KINDS))
+    if bad:
+        raise ValueError(f"strategy {name!r} reads unknown record kinds {bad}; known: {list(KINDS)}")
 
     def deco(fn: StrategyFn) -> StrategyFn:
-        _REGISTRY[name] = fn
+        if name in _REGISTRY:
+            raise ValueError(f"strategy {name!r} is already registered (by {_REGISTRY[name].apply.__module__}); "
+                             "choose another name")
+        _REGISTRY[name] = StrategyStep(name, fn, frozenset(reads), pools_advantages, frozenset(conflicts),
+                                       description or (fn.__doc__ or "").strip().split("\n")[0])
         return fn
 
     return deco
 
 
 def available_strategies() -> list[str]:
+    """Names of every registered step."""
     return sorted(_REGISTRY)
 
 
-def check_strategy_name(spec: str) -> str | None:
-    """An error message if ``spec`` is not a valid strategy (chain), else None."""
-    parts = [p.strip() for p in spec.split("+")]
+def strategy_step(name: str) -> StrategyStep:
+    """The registered step ``name`` (``KeyError`` if there is none)."""
+    return _REGISTRY[name]
+
+
+class StrategyError(ValueError):
+    """A strategy name that does not parse; the message says why and what is valid."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A parsed strategy: the sharing steps after the base step, in order."""
+
+    steps: tuple[StrategyStep, ...]
+
+    @property
+    def name(self) -> str:
+        return "+".join(s.name for s in self.steps) or BASE
+
+    @property
+    def reads(self) -> frozenset[str]:
+        """Record kinds to query from peers (empty: the learner reads nothing)."""
+        return frozenset().union(*(s.reads for s in self.steps))
+
+    @property
+    def shares(self) -> bool:
+        return bool(self.steps)
+
+
+def parse_strategy(spec: str | Strategy) -> Strategy:
+    """Parse ``independent`` or a chain of sharing steps such as ``xgrpo+sgt``.
+
+    Raises :class:`StrategyError` for an unknown step (with the closest name), a step named twice,
+    ``independent`` in a chain, two steps that both pool advantages, or a declared conflict.
+    """
+    if isinstance(spec, Strategy):
+        return spec
+    parts = [p.strip() for p in str(spec).split("+")]
     for p in parts:
         if p not in _REGISTRY:
             close = difflib.get_close_matches(p, list(_REGISTRY), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            return f"unknown strategy {p!r}{hint}; available: {', '.join(available_strategies())} (combine with '+')"
+            raise StrategyError(f"unknown strategy {p!r}{hint}; available: {', '.join(available_strategies())} "
+                                "(combine with '+')")
     if len(set(parts)) != len(parts):
-        return f"strategy {spec!r} names a step twice"
-    if "independent" in parts and len(parts) > 1:
-        return "'independent' cannot be combined with sharing steps"
-    if "prp" in parts and "xgrpo" in parts:
-        return "'prp' already pools advantages over peers; combine it with 'sgt', not 'xgrpo'"
+        raise StrategyError(f"strategy {spec!r} names a step twice")
+    if BASE in parts:
+        if len(parts) > 1:
+            raise StrategyError(f"{BASE!r} cannot be combined with sharing steps")
+        return Strategy(())
+    steps = tuple(_REGISTRY[p] for p in parts)
+    pooling = [s.name for s in steps if s.pools_advantages]
+    if len(pooling) > 1:
+        raise StrategyError(f"{' and '.join(map(repr, pooling))} both pool advantages over peers; "
+                            "chain at most one of them (e.g. with 'sgt')")
+    for a in steps:
+        for b in steps:
+            if b.name in a.conflicts:
+                raise StrategyError(f"{a.name!r} cannot be combined with {b.name!r}")
+    return Strategy(steps)
+
+
+def check_strategy_name(spec: str) -> str | None:
+    """The error message of :func:`parse_strategy` for ``spec``, or None if it is valid."""
+    try:
+        parse_strategy(spec)
+    except StrategyError as exc:
+        return str(exc)
     return None
 
 
-def build_batch(spec: str, ctx: ShareContext) -> TrainBatch:
-    """Run the base step and then each step of ``spec`` in order."""
-    batch = TrainBatch()
+def build_batch(strategy: str | Strategy, ctx: ShareContext) -> TrainBatch:
+    """Run the base step, then each step of ``strategy`` in order.
+
+    With ``dynamic_sampling`` on, rows whose advantage is zero (groups without reward variance)
+    are left out at the end, after every step had its say (XGRPO can give such a group a signal).
+    """
+    batch = TrainBatch(n_prompts=len(ctx.groups))
     _independent(ctx, batch)
-    for part in (p.strip() for p in spec.split("+")):
-        if part != "independent":
-            _REGISTRY[part](ctx, batch)
+    for step in parse_strategy(strategy).steps:
+        step.apply(ctx, batch)
+    if ctx.options.dynamic_sampling != "off":
+        keep = [r for r in batch.rows if r.kind == "rescue" or abs(r.advantage) > 1e-12]
+        batch.metrics["zero_adv_rows_skipped"] = len(batch.rows) - len(keep)
+        batch.rows = keep
     return batch
 
 
-def _batch_std(ctx: ShareContext, extra: Sequence[float] = ()) -> float:
+def batch_std(ctx: ShareContext, extra: Sequence[float] = ()) -> float:
     """Unbiased std of the step's own rewards plus ``extra`` (the peer rewards a strategy pools)."""
     rewards = [r for g in ctx.groups for r in g.rewards] + list(extra)
     if len(rewards) < 2:
@@ -156,20 +268,8 @@ def _batch_std(ctx: ShareContext, extra: Sequence[float] = ()) -> float:
     return math.sqrt(sum((r - m) ** 2 for r in rewards) / (len(rewards) - 1))
 
 
-@register_strategy("independent")
-def _independent(ctx: ShareContext, batch: TrainBatch) -> None:
-    bstd = _batch_std(ctx)
-    zero_var = 0
-    for g in ctx.groups:
-        adv = pooled_advantages(g.rewards, g.rewards, ctx.options.scale_rewards, bstd)
-        if max(g.rewards) - min(g.rewards) < 1e-12:
-            zero_var += 1
-        for ids, lp, a in zip(g.completion_ids, g.logprobs, adv, strict=True):
-            batch.rows.append(TrainRow(g.prompt_ids, ids, a, lp, "own"))
-    batch.metrics["zero_var_group_frac"] = zero_var / max(1, len(ctx.groups))
-
-
-def _own_rows_by_prompt(batch: TrainBatch, groups: list[OwnGroup]) -> list[list[TrainRow]]:
+def own_rows_by_prompt(batch: TrainBatch, groups: list[OwnGroup]) -> list[list[TrainRow]]:
+    """The base step's own rows, one list per group (in group order)."""
     own = [r for r in batch.rows if r.kind == "own"]
     out, i = [], 0
     for g in groups:
@@ -179,85 +279,17 @@ def _own_rows_by_prompt(batch: TrainBatch, groups: list[OwnGroup]) -> list[list[
     return out
 
 
-@register_strategy("xgrpo")
-def _xgrpo(ctx: ShareContext, batch: TrainBatch) -> None:
-    # the batch scale, like the baseline, is over every policy's rewards (own-only could be 0)
-    bstd = _batch_std(ctx, [r for g in ctx.groups for o in ctx.peers.outcomes.get(g.problem.id, [])
-                            for r in o.rewards])
-    pooled_prompts, peer_rewards = 0, 0
-    for g, rows in zip(ctx.groups, _own_rows_by_prompt(batch, ctx.groups), strict=True):
-        peers = [r for o in ctx.peers.outcomes.get(g.problem.id, []) for r in o.rewards]
-        if not peers:
-            continue
-        pooled_prompts += 1
-        peer_rewards += len(peers)
-        adv = pooled_advantages(g.rewards, list(g.rewards) + peers, ctx.options.scale_rewards, bstd)
-        for row, a in zip(rows, adv, strict=True):
-            row.advantage = a
-    batch.metrics["xgrpo_pooled_prompts"] = pooled_prompts
-    batch.metrics["xgrpo_peer_rewards"] = peer_rewards
-
-
-@register_strategy("prp")
-def _prp(ctx: ShareContext, batch: TrainBatch) -> None:
-    s = ctx.sharing
-    n_peer, refused = 0, 0
-    residual_sum: dict[str, float] = defaultdict(float)
-    if ctx.align_peer is None:
-        raise RuntimeError("prp needs THL (align_peer)")
-    per_group = []
+@register_strategy(BASE)
+def _independent(ctx: ShareContext, batch: TrainBatch) -> None:
+    """Plain GRPO: own samples, own group advantages."""
+    bstd = batch_std(ctx)
+    zero_var = 0
     for g in ctx.groups:
-        peer_rolls = ctx.peers.rollouts.get(g.problem.id, [])[: s.prp_max_peer_per_prompt]
-        aligned = []
-        for r in peer_rolls:
-            # re-verify: the reward of a peer sample is the learner's own verifier's, never the claim
-            res = ctx.align_peer(r)
-            if res is None:
-                refused += 1
-                continue
-            reward, _ = ctx.task.rewards([g.problem], [g.problem.question], [r.completion])
-            aligned.append((res, reward[0]))
-            for k, v in res[2].items():
-                residual_sum[k] += v
-        per_group.append(aligned)
-    # the batch scale is over the pooled batch (own + peer rewards), like the baseline
-    bstd = _batch_std(ctx, [rw for aligned in per_group for _, rw in aligned])
-    for g, rows, aligned in zip(ctx.groups, _own_rows_by_prompt(batch, ctx.groups), per_group, strict=True):
-        if not aligned:
-            continue
-        pool = list(g.rewards) + [rw for _, rw in aligned]
-        own_adv = pooled_advantages(g.rewards, pool, ctx.options.scale_rewards, bstd)
-        for row, a in zip(rows, own_adv, strict=True):
-            row.advantage = a
-        peer_adv = pooled_advantages([rw for _, rw in aligned], pool, ctx.options.scale_rewards, bstd)
-        for ((ids, chunks, _), _rw), a in zip(aligned, peer_adv, strict=True):
-            batch.rows.append(TrainRow(g.prompt_ids, ids, a, None, "peer", chunks, s.prp_peer_weight))
-            n_peer += 1
-    batch.metrics["prp_peer_samples"] = n_peer
-    batch.metrics["prp_refused"] = refused
-    for k, v in residual_sum.items():
-        batch.metrics[f"prp_thl_{k}"] = v / max(1, n_peer)
+        adv = pooled_advantages(g.rewards, g.rewards, ctx.options.scale_rewards, bstd)
+        zero_var += not g.informative
+        for ids, lp, a in zip(g.completion_ids, g.logprobs, adv, strict=True):
+            batch.rows.append(TrainRow(g.prompt_ids, ids, a, lp, "own"))
+    batch.metrics["zero_var_group_frac"] = zero_var / max(1, len(ctx.groups))
 
 
-@register_strategy("sgt")
-def _sgt(ctx: ShareContext, batch: TrainBatch) -> None:
-    s = ctx.sharing
-    rescue, refused, gate_open = 0, 0, 0
-    for g in ctx.groups:
-        if not g.failed:
-            continue
-        gate_open += 1
-        if rescue >= s.sgt_max_per_step:
-            continue
-        for succ in ctx.peers.successes.get(g.problem.id, []):
-            # the learner's own verifier decides; a peer's claim of success is only a hint
-            if ctx.task.verify(g.problem, succ.completion) < SUCCESS_THRESHOLD:
-                refused += 1
-                continue
-            ids = ctx.encode_completion(succ.completion, True)
-            batch.rows.append(TrainRow(g.prompt_ids, ids, 0.0, None, "rescue", None, s.sgt_lambda))
-            rescue += 1
-            break
-    batch.metrics["sgt_gate_open"] = gate_open
-    batch.metrics["sgt_rescue"] = rescue
-    batch.metrics["sgt_refused"] = refused
+from mutualrl.algorithms import strategies as _builtin  # noqa: E402,F401  (registers prp, xgrpo, sgt)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mutualrl.algorithms.sharing import parse_strategy
 from mutualrl.config import RunConfig
 
 PRIOR_CORE_S_PER_FLOP = 1.0e-10
@@ -64,7 +65,7 @@ def predict_step(cfg: RunConfig, index: int, params: int, prompt_tokens: float =
     g = cfg.policy_grpo(index)
     k = len(cfg.policies)
     n_seq = float(cfg.prompts_per_step * g.num_generations)
-    if "prp" in cfg.sharing.strategy and k > 1:
+    if "rollout" in parse_strategy(cfg.sharing.strategy).reads and k > 1:  # peer rollouts are trained on
         n_seq += cfg.prompts_per_step * min(cfg.sharing.prp_max_peer_per_prompt, g.num_generations * (k - 1))
     roll = rollout_flops(params, cfg.prompts_per_step, g.num_generations, prompt_tokens, g.max_completion_length)
     upd = update_flops(params, n_seq, prompt_tokens + g.max_completion_length, g.num_iterations, g.beta)
@@ -224,23 +225,22 @@ def _first(d: dict[str, Any], *keys: str) -> float | None:
 
 
 # ----------------------------------------------------------------------------- parameter counts
-def count_parameters(model_ref: str, seed: int = 0) -> int | None:
+def count_parameters(model_ref: str) -> int | None:
     """Parameters of a model reference without loading weights (``None`` when unknown offline).
 
-    Local directories and built zoo policies are read from ``config.json`` and instantiated on
-    the ``meta`` device; an unbuilt ``zoo:`` policy is sized from its spec (nothing is built).
+    Local directories, built zoo policies and prepared real models are read from ``config.json``
+    and instantiated on the ``meta`` device; an unbuilt ``zoo:`` policy is sized from its spec
+    (nothing is built or prepared).
     """
-    try:
-        if model_ref.startswith("zoo:"):
-            name, _, zseed = model_ref[4:].partition("@")
-            return _zoo_params(name, int(zseed or seed))
-        if model_ref.startswith("real:"):
-            from mutualrl.policy import resolve_model_path
+    from mutualrl.modelref import ModelRef
 
-            return _dir_params(Path(resolve_model_path(model_ref)))
-        p = Path(model_ref).expanduser()
-        if (p / "config.json").is_file():
-            return _dir_params(p)
+    try:
+        ref = ModelRef.parse(model_ref)
+        if ref.kind == "zoo":
+            return _zoo_params(ref.name, ref.seed)
+        d = ref.local_dir()
+        if d is not None and (d / "config.json").is_file():
+            return _dir_params(d)
     except Exception:  # noqa: BLE001 - planning must not fail on an odd model; equal cost then
         return None
     return None
@@ -293,4 +293,4 @@ def _zoo_params(name: str, seed: int) -> int | None:
 
 def estimate_parameters(cfg: RunConfig) -> list[int | None]:
     """:func:`count_parameters` for every policy of a run."""
-    return [count_parameters(p.model, cfg.seed) for p in cfg.policies]
+    return [count_parameters(p.model) for p in cfg.policies]
