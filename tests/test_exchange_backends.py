@@ -96,13 +96,55 @@ def test_position_prune_and_discard_after(ex: Exchange) -> None:
     assert ex.position() > before  # positions never go back, even after deletes
 
 
-def test_retention_by_version(tmp_path: Path) -> None:
+def test_retention_follows_the_exchange_clock(tmp_path: Path) -> None:
     for url in ("memory://?retain_versions=2", f"sqlite:///{tmp_path}/r.db?retain_versions=2"):
         with open_exchange(url) as ex:
             for v in range(1, 6):
+                ex.advance(v)
                 ex.publish([rollout(version=v)])
             st = ex.stats()
-            assert (st["min_version"], st["max_version"], st["rows"]) == (4, 5, 2), url
+            assert (st["min_version"], st["max_version"], st["rows"], st["clock"]) == (4, 5, 2, 5), url
+
+
+def test_a_row_with_a_huge_version_cannot_erase_the_store(tmp_path: Path) -> None:
+    """Retention follows the run's clock, and versions far from it are refused: one hostile row with
+    version 2**63 - 1 neither lands nor deletes the honest rows (it used to wipe the store)."""
+    for url in ("memory://?retain_versions=2", f"sqlite:///{tmp_path}/h.db?retain_versions=2"):
+        with open_exchange(url) as ex:
+            ex.advance(3)
+            honest = [rollout(k=k, version=3) for k in range(4)]
+            bomb = rollout(src="X", version=2**63 - 1)
+            res = ex.publish_json([r.to_json() for r in honest] + [bomb.to_json()])
+            assert res.accepted == 4 and res.rejected_by_reason == {"version_range": 1}, url
+            assert ex.publish([bomb]).rejected_by_reason == {"version_range": 1}
+            ex.advance(4)
+            ex.publish([rollout(k=9, version=4)])
+            assert ex.stats()["rows"] == 5, url
+            assert {r.sample_index for r in ex.query(["p1"])} == {0, 1, 2, 3, 9}
+
+
+def test_clock_window_and_persistence(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/c.db"
+    limits = ExperienceLimits(version_window=5)
+    with open_exchange(url, limits=limits) as ex:
+        assert ex.clock is None and ex.publish([rollout(version=10**6)]).accepted == 1  # no clock: no window
+        ex.advance(100)
+        assert ex.advance(50) == 100  # the clock never goes back
+        res = ex.publish([rollout(version=v, k=v) for v in (94, 95, 100, 105, 106)])
+        assert res.accepted == 3 and res.rejected_by_reason == {"version_range": 2}
+    with open_exchange(url, limits=limits) as ex:  # another process, or a resumed run, sees the clock
+        assert ex.clock == 100
+
+
+def test_typed_publish_rechecks_the_content_id(ex: Exchange) -> None:
+    """A record carrying a forged id is refused; the honest row keeps its place."""
+    from mutualrl.experience import from_dict
+
+    honest = rollout(k=1)
+    forged = from_dict({**rollout(k=2, src="B").to_dict(), "record_id": honest.record_id})
+    assert ex.publish([forged]).rejected_by_reason == {"bad_id": 1}
+    assert ex.publish([honest]).accepted == 1
+    assert [r.source_policy for r in ex.query(["p1"])] == ["A"]
 
 
 def test_limits_are_applied(tmp_path: Path) -> None:

@@ -165,7 +165,7 @@ _DEL = object()
     [
         ("{not json", "bad_encoding"),
         ("[1, 2]", "bad_encoding"),
-        ("[" * 50_000, "bad_encoding"),
+        ("[" * 50_000, "too_deep"),
         (b'{"kind": "rollout", "x": "\xff"}', "invalid_utf8"),
         (_edit(kind="trajectory"), "unknown_kind"),
         (_edit(schema_version=2), "schema_version"),

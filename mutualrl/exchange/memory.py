@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from mutualrl.exchange.base import Exchange, PublishResult, check_kinds
+from mutualrl.exchange.base import Exchange, PublishResult, Query
 from mutualrl.experience import DEFAULT_LIMITS, KINDS, ExperienceLimits, Record, StoredRow, to_row
 
 
 class MemoryExchange(Exchange):
     """A dict-backed exchange with the same semantics as the SQLite one, minus durability.
 
-    Thread-safe. ``retain_versions`` (optional) keeps only the newest that many versions.
+    Thread-safe. ``retain_versions`` (optional) keeps only the newest that many versions of the
+    exchange's clock.
     """
 
     def __init__(self, limits: ExperienceLimits | None = None, retain_versions: int | None = None) -> None:
@@ -38,9 +39,9 @@ class MemoryExchange(Exchange):
                 self._rows[self._seq] = r
                 self._by_prompt.setdefault(r.prompt_id, {})[self._seq] = None
                 accepted += 1
-            if self.retain_versions is not None and self._rows and accepted:
-                newest = max(r.version for r in self._rows.values())
-                self._delete(lambda s, r: r.version <= newest - self.retain_versions)
+            floor = self.retention_floor(self.retain_versions)
+            if floor is not None and accepted:
+                self._delete(lambda s, r: r.version < floor)
         return PublishResult(accepted, dups, rejected)
 
     def _delete(self, pred: Callable[[int, Record], bool]) -> int:
@@ -54,38 +55,16 @@ class MemoryExchange(Exchange):
                 del self._by_prompt[r.prompt_id]
         return len(doomed)
 
-    def query(
-        self,
-        prompt_ids: Sequence[str],
-        kinds: Iterable[str] | None = None,
-        exclude_source: str | None = None,
-        min_version: int | None = None,
-        limit: int | None = None,
-    ) -> list[Record]:
-        """See :meth:`Exchange.query`."""
-        ks = set(check_kinds(kinds))
+    def read(self, query: Query) -> list[StoredRow]:
+        """See :meth:`Exchange.read`."""
+        if query.empty:
+            return []
         with self._lock:
-            seqs = sorted({s for p in set(prompt_ids) for s in self._by_prompt.get(p, ())})
-            out = [
-                r for r in (self._rows[s] for s in seqs)
-                if r.kind in ks
-                and (exclude_source is None or r.source_policy != exclude_source)
-                and (min_version is None or r.version >= min_version)
-            ]
-        if limit is not None:
-            out = out[-limit:] if limit > 0 else []
-        return out
-
-    def query_stored(
-        self,
-        prompt_ids: Sequence[str],
-        kinds: Iterable[str] | None = None,
-        exclude_source: str | None = None,
-        min_version: int | None = None,
-        limit: int | None = None,
-    ) -> list[StoredRow]:
-        """Like :meth:`query` but in storage form (for the Ray backend)."""
-        return [to_row(r) for r in self.query(prompt_ids, kinds, exclude_source, min_version, limit)]
+            seqs = sorted({s for p in query.prompt_ids for s in self._by_prompt.get(p, ())})
+            out = [r for r in (self._rows[s] for s in seqs) if query.matches(r.kind, r.source_policy, r.version)]
+        if query.limit is not None:
+            out = out[-query.limit:]
+        return [to_row(r) for r in out]
 
     def prune(self, older_than_version: int) -> int:
         """See :meth:`Exchange.prune`."""
@@ -111,4 +90,5 @@ class MemoryExchange(Exchange):
                 "max_seq": self._seq,
                 "min_version": min(versions) if versions else None,
                 "max_version": max(versions) if versions else None,
+                "clock": self.clock,
             }

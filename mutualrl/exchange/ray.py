@@ -3,8 +3,9 @@
 The actor holds an ordinary store (``memory://`` by default, or the ``store=`` URL, e.g.
 ``ray://see?store=sqlite:////data/see.db``) and serialises all access to it. Every process that
 opens ``ray://name`` in the same Ray cluster gets a handle to the same actor (get-or-create by
-name in the ``mutualrl`` namespace). Records travel as msgpack maps (or JSON text), never as
-pickled objects, and the actor validates everything it is sent, so a buggy client cannot poison the store.
+name in the ``mutualrl`` namespace). Records go to the actor as msgpack (or JSON) bytes and come back
+as tuples of strings, numbers and bytes (storage form); no record object is pickled, and the actor
+parses and validates everything it is sent, so a buggy or hostile client cannot poison the store.
 
 URL options: ``store=<url>`` (backing store), ``detached=1`` (outlive the creating driver),
 ``namespace=<ns>`` (default ``mutualrl``). The actor is pinned to the node that creates it, so a
@@ -13,19 +14,20 @@ URL options: ``store=<url>`` (backing store), ``detached=1`` (outlive the creati
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from mutualrl.errors import UserError
-from mutualrl.exchange.base import Exchange, PublishResult, check_kinds
+from mutualrl.exchange.base import Exchange, PublishResult, Query
 from mutualrl.experience import (
     DEFAULT_LIMITS,
     RECORD_TYPES,
     ExperienceLimits,
+    InvalidExperience,
     Record,
     StoredRow,
-    from_row,
+    parse,
 )
 
 try:
@@ -41,7 +43,7 @@ DEFAULT_NAMESPACE = "mutualrl"
 
 
 class ExchangeActor:
-    """The actor body: wraps a local store and speaks JSON text with its clients."""
+    """The actor body: wraps a local store; takes msgpack/JSON lines, returns rows in storage form."""
 
     def __init__(self, store_url: str, limits: dict[str, Any]) -> None:
         from mutualrl.exchange import open_exchange
@@ -52,10 +54,13 @@ class ExchangeActor:
         """Parse, validate and store lines (see :meth:`Exchange.publish_json`)."""
         return self._ex.publish_json(lines).to_dict()
 
-    def query_stored(self, prompt_ids: list[str], kinds: list[str] | None, exclude_source: str | None,
-                     min_version: int | None, limit: int | None) -> list[StoredRow]:
+    def read(self, query: dict[str, Any]) -> list[StoredRow]:
         """Matching records in storage form (plain strings, numbers and bytes)."""
-        return self._ex.query_stored(prompt_ids, kinds, exclude_source, min_version, limit)
+        return self._ex.read(Query.from_dict(query))
+
+    def advance(self, step: int) -> int:
+        """See :meth:`Exchange.advance`."""
+        return self._ex.advance(step)
 
     def prune(self, older_than_version: int) -> int:
         """See :meth:`Exchange.prune`."""
@@ -141,41 +146,43 @@ class RayExchange(Exchange):
         return PublishResult.from_dict(self._call("publish_lines", lines))
 
     def publish_json(self, lines: Iterable[str | bytes | dict]) -> PublishResult:
-        """Forward untrusted lines to the actor, which parses and validates each one."""
+        """Forward untrusted lines to the actor, which parses and validates each one.
+
+        Decoded objects (dicts) are parsed here first (nothing about them can make this raise) and
+        sent as the validated record's wire form; the actor validates again."""
         out: list[str | bytes] = []
-        local_bad = 0
+        local: Counter[str] = Counter()
         for line in lines:
             if isinstance(line, dict):
                 try:
-                    out.append(json.dumps(line))
-                except (TypeError, ValueError):
-                    local_bad += 1
+                    rec = parse(line, self.limits)
+                    out.append(rec.to_msgpack() if _HAVE_MSGPACK else rec.to_json())
+                except InvalidExperience as exc:
+                    local[exc.reason] += 1
             elif isinstance(line, (str, bytes)):
                 out.append(line)
             elif isinstance(line, (bytearray, memoryview)):
                 out.append(bytes(line))
             else:
-                local_bad += 1
+                local["bad_encoding"] += 1
         result = PublishResult.from_dict(self._call("publish_lines", out))
-        if local_bad:
-            result = result + PublishResult(0, 0, {"bad_encoding": local_bad})
+        if local:
+            result = result + PublishResult(0, 0, dict(local))
         return result
 
     def _store(self, records: list[Record], rejected: dict[str, int]) -> PublishResult:
         raise NotImplementedError  # publish/publish_json are overridden
 
-    def query(
-        self,
-        prompt_ids: Sequence[str],
-        kinds: Iterable[str] | None = None,
-        exclude_source: str | None = None,
-        min_version: int | None = None,
-        limit: int | None = None,
-    ) -> list[Record]:
-        """See :meth:`Exchange.query`."""
-        ks = list(check_kinds(kinds))
-        rows = self._call("query_stored", list(prompt_ids), ks, exclude_source, min_version, limit)
-        return [from_row(*row) for row in rows]
+    def read(self, query: Query) -> list[StoredRow]:
+        """See :meth:`Exchange.read` (the actor runs the query on its store)."""
+        if query.empty:
+            return []
+        return [tuple(row) for row in self._call("read", query.to_dict())]  # type: ignore[misc]
+
+    def advance(self, step: int) -> int:
+        """See :meth:`Exchange.advance` (the actor's store keeps the clock)."""
+        self.clock = int(self._call("advance", int(step)))
+        return self.clock
 
     def prune(self, older_than_version: int) -> int:
         """See :meth:`Exchange.prune`."""

@@ -20,11 +20,10 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
 from typing import Any
 
 from mutualrl.errors import UserError
-from mutualrl.exchange.base import Exchange, PublishResult, check_kinds
+from mutualrl.exchange.base import Exchange, PublishResult, Query
 from mutualrl.experience import (
     DEFAULT_LIMITS,
     KINDS,
@@ -32,7 +31,6 @@ from mutualrl.experience import (
     ExperienceLimits,
     Record,
     StoredRow,
-    from_row,
     to_row,
 )
 
@@ -60,6 +58,7 @@ CREATE TABLE IF NOT EXISTS experience (
 );
 CREATE INDEX IF NOT EXISTS experience_prompt_version ON experience(prompt_id, version);
 CREATE INDEX IF NOT EXISTS experience_version ON experience(version);
+CREATE TABLE IF NOT EXISTS exchange_clock (id INTEGER PRIMARY KEY CHECK (id = 0), step INTEGER NOT NULL);
 """
 
 _NV = max(len(cls.SCALAR_FIELDS) for cls in RECORD_TYPES.values())
@@ -80,22 +79,21 @@ def _first(row: tuple) -> Any:
     return row[0]
 
 
-def _query_sql(pids: list[str], ks: tuple[str, ...], exclude_source: str | None, min_version: int | None,
-               limit: int | None) -> tuple[str, list[Any]]:
+def _query_sql(pids: list[str], q: Query) -> tuple[str, list[Any]]:
     sql = [f"{_SELECT} WHERE prompt_id IN ({','.join('?' * len(pids))})"]
     args: list[Any] = list(pids)
-    if min_version is not None:
+    if q.min_version is not None:
         sql.append("AND version >= ?")
-        args.append(int(min_version))
-    if exclude_source is not None:
+        args.append(q.min_version)
+    if q.exclude_source is not None:
         sql.append("AND source_policy != ?")
-        args.append(exclude_source)
-    if len(ks) < len(KINDS):
-        sql.append(f"AND kind IN ({','.join('?' * len(ks))})")
-        args.extend(ks)
-    if limit is not None:
+        args.append(q.exclude_source)
+    if len(q.kinds) < len(KINDS):
+        sql.append(f"AND kind IN ({','.join('?' * len(q.kinds))})")
+        args.extend(q.kinds)
+    if q.limit is not None:
         sql.append("ORDER BY seq DESC LIMIT ?")
-        args.append(int(limit))
+        args.append(q.limit)
     return " ".join(sql), args
 
 
@@ -108,7 +106,7 @@ class SQLiteExchange(Exchange):
         synchronous: SQLite ``synchronous`` mode; ``normal`` (default) survives process crashes,
             ``full`` also survives power loss at some cost per batch.
         busy_timeout_s: how long a writer waits for another writer's batch before failing.
-        retain_versions: when set, keep only the newest that many policy versions.
+        retain_versions: when set, keep only the newest that many versions of the exchange's clock.
     """
 
     def __init__(
@@ -158,6 +156,8 @@ class SQLiteExchange(Exchange):
                 for stmt in filter(str.strip, _SCHEMA.split(";")):
                     conn.execute(stmt)
                 conn.execute(f"PRAGMA user_version = {DB_SCHEMA_VERSION}")
+                row = conn.execute("SELECT step FROM exchange_clock WHERE id = 0").fetchone()
+                self.clock = int(row[0]) if row else None
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -194,10 +194,9 @@ class SQLiteExchange(Exchange):
                 conn.executemany(_INSERT, rows)
                 accepted = conn.total_changes - before
                 fault_point("publish")  # crash tests: die with the batch written but not committed
-                if self.retain_versions is not None and accepted:
-                    conn.execute(
-                        "DELETE FROM experience WHERE version <= "
-                        "(SELECT MAX(version) FROM experience) - ?", (self.retain_versions,))
+                floor = self.retention_floor(self.retain_versions)
+                if floor is not None and accepted:  # the exchange's clock, never a row's claim
+                    conn.execute("DELETE FROM experience WHERE version < ?", (floor,))
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -205,31 +204,30 @@ class SQLiteExchange(Exchange):
                 raise
         return PublishResult(accepted, len(rows) - accepted, rejected)
 
-    # -- reading ---------------------------------------------------------------------------
-    def query(
-        self,
-        prompt_ids: Sequence[str],
-        kinds: Iterable[str] | None = None,
-        exclude_source: str | None = None,
-        min_version: int | None = None,
-        limit: int | None = None,
-    ) -> list[Record]:
-        """See :meth:`Exchange.query`."""
-        return [from_row(*row) for row in self.query_stored(prompt_ids, kinds, exclude_source, min_version, limit)]
+    # -- the clock -------------------------------------------------------------------------
+    def advance(self, step: int) -> int:
+        """See :meth:`Exchange.advance`; the clock is stored, so every process sharing the file
+        and a reopened exchange see it."""
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("INSERT INTO exchange_clock(id, step) VALUES (0, ?) ON CONFLICT(id) DO UPDATE "
+                             "SET step = MAX(step, excluded.step)", (int(step),))
+                self.clock = int(conn.execute("SELECT step FROM exchange_clock WHERE id = 0").fetchone()[0])
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        return self.clock
 
-    def query_stored(
-        self,
-        prompt_ids: Sequence[str],
-        kinds: Iterable[str] | None = None,
-        exclude_source: str | None = None,
-        min_version: int | None = None,
-        limit: int | None = None,
-    ) -> list[StoredRow]:
-        """Like :meth:`query` but returns storage-form rows (:func:`~mutualrl.experience.to_row`)."""
-        ks = check_kinds(kinds)
-        pids = list(dict.fromkeys(prompt_ids))
-        if not pids or (limit is not None and limit <= 0):
+    # -- reading ---------------------------------------------------------------------------
+    def read(self, query: Query) -> list[StoredRow]:
+        """See :meth:`Exchange.read`."""
+        if query.empty:
             return []
+        pids = list(query.prompt_ids)
         rows: list[tuple] = []
         chunks = [pids[i:i + _MAX_IDS_PER_QUERY] for i in range(0, len(pids), _MAX_IDS_PER_QUERY)]
         with self._lock:
@@ -238,14 +236,14 @@ class SQLiteExchange(Exchange):
                 conn.execute("BEGIN")
             try:
                 for chunk in chunks:  # chunked to stay under SQLite's bound-variable cap
-                    sql, args = _query_sql(chunk, ks, exclude_source, min_version, limit)
+                    sql, args = _query_sql(chunk, query)
                     rows.extend(conn.execute(sql, args).fetchall())
             finally:
                 if conn.in_transaction:
                     conn.execute("COMMIT")
         rows.sort(key=_first)  # by seq; cheaper here than SQLite's sorter copying whole rows
-        if limit is not None:
-            rows = rows[-limit:]
+        if query.limit is not None:
+            rows = rows[-query.limit:]
         out = []
         for row in rows:
             kind = row[1]
@@ -273,6 +271,7 @@ class SQLiteExchange(Exchange):
             "max_seq": int(seq[0]) if seq else 0,
             "min_version": lo,
             "max_version": hi,
+            "clock": self.clock,
         }
 
     # -- retention -------------------------------------------------------------------------

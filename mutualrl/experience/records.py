@@ -1,0 +1,255 @@
+"""The typed records (:class:`Rollout`, :class:`GroupOutcome`, :class:`VerifiedSuccess`), their
+content-derived ids, wire encodings (JSON, msgpack) and compact storage form."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import struct
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, ClassVar
+
+SCHEMA_VERSION = 1
+"""Current schema version of all record kinds. A record with another version is rejected."""
+
+
+def _canonical(obj: Any) -> str:
+    """Canonical JSON: compact, sorted keys, ASCII-escaped, no NaN/inf."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def pack_array(values: Any, typecode: str) -> bytes:
+    """Little-endian packed ``values`` (``typecode`` ``q``: int64, ``d``: float64)."""
+    return struct.pack(f"<{len(values)}{typecode}", *values)
+
+
+def unpack_array(data: bytes, typecode: str) -> tuple:
+    """Inverse of :func:`pack_array`."""
+    return struct.unpack(f"<{len(data) // 8}{typecode}", data)
+
+
+class _RecordBase:
+    """Shared behaviour of all record kinds (mixin for frozen dataclasses)."""
+
+    kind: ClassVar[str]
+    SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
+    ARRAY_FIELDS: ClassVar[dict[str, str]] = {}  # numeric list fields -> array typecode
+    # Filled in by _register(): field names in order, and the non-array (scalar) ones.
+    FIELD_NAMES: ClassVar[tuple[str, ...]] = ()
+    SCALAR_FIELDS: ClassVar[tuple[str, ...]] = ()
+    ARRAY_ITEMS: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def content(self) -> dict[str, Any]:
+        """The content fields (everything but ``created_at``), with ``kind`` and ``schema_version``."""
+        out: dict[str, Any] = {"kind": self.kind, "schema_version": self.SCHEMA_VERSION}
+        for name in self.FIELD_NAMES:
+            if name != "created_at":
+                v = getattr(self, name)
+                out[name] = list(v) if name in self.ARRAY_FIELDS else v
+        return out
+
+    @cached_property
+    def packed_arrays(self) -> tuple[bytes, ...]:
+        """The numeric list fields (``ARRAY_FIELDS``) packed little-endian, in field order."""
+        return tuple(pack_array(getattr(self, n), c) for n, c in self.ARRAY_FIELDS.items())
+
+    @cached_property
+    def record_id(self) -> str:
+        """Content-derived id (see :meth:`content_id`); computed once per object."""
+        return self.content_id()
+
+    def content_id(self) -> str:
+        """Content-derived id: sha256 hex digest over the canonical content, computed afresh.
+
+        The digest covers the canonical JSON of ``[kind, schema_version, <content fields other
+        than the numeric lists, in field order>, <lengths of the numeric lists>]`` followed by
+        the numeric lists packed little-endian (int64 token ids, float64 otherwise).
+        ``created_at`` is not content, so re-publishing the same experience gives the same id.
+        """
+        head: list[Any] = [self.kind, self.SCHEMA_VERSION]
+        head.extend(getattr(self, n) for n in self.SCALAR_FIELDS if n != "created_at")
+        head.extend(len(getattr(self, n)) for n in self.ARRAY_FIELDS)
+        h = hashlib.sha256(_canonical(head).encode("ascii"))
+        for blob in self.packed_arrays:
+            h.update(blob)
+        return h.hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire dict: content fields, ``created_at`` and ``record_id``."""
+        d = self.content()
+        d["created_at"] = self.created_at  # type: ignore[attr-defined]
+        d["record_id"] = self.record_id
+        return d
+
+    def to_json(self) -> str:
+        """One compact JSON object (the default wire format)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+    def to_msgpack(self) -> bytes:
+        """One msgpack map (requires the optional ``msgpack`` package)."""
+        try:
+            import msgpack
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise RuntimeError("msgpack is not installed: pip install msgpack") from exc
+        return msgpack.packb(self.to_dict(), use_bin_type=True)
+
+
+StoredRow = tuple[str, str, tuple, bytes]
+"""Storage form of a record: ``(kind, record_id, scalar field values, packed numeric lists)``."""
+
+
+def to_row(record: Record) -> StoredRow:
+    """The compact storage form of a (validated) record; inverse :func:`from_row`.
+
+    Scalars are kept as Python values (in ``SCALAR_FIELDS`` order) and the numeric lists are
+    packed little-endian, which stores and loads several times faster than numbers as JSON text.
+    """
+    scalars = tuple(getattr(record, n) for n in record.SCALAR_FIELDS)
+    return record.kind, record.record_id, scalars, b"".join(record.packed_arrays)
+
+
+def from_row(kind: str, record_id: str, scalars: Any, arrays: bytes) -> Record:
+    """Rebuild a record from :func:`to_row` output without validating it (trusted storage)."""
+    cls = RECORD_TYPES[kind]
+    record = cls.__new__(cls)
+    d = record.__dict__
+    d.update(zip(cls.SCALAR_FIELDS, scalars))
+    fields = cls.ARRAY_ITEMS
+    if len(fields) == 1:
+        name, code = fields[0]
+        d[name] = unpack_array(arrays, code)
+    elif fields:  # equal-length 8-byte lists (token_ids, logprobs)
+        size = len(arrays) // len(fields)
+        for i, (name, code) in enumerate(fields):
+            d[name] = unpack_array(arrays[i * size:(i + 1) * size], code)
+    d["record_id"] = record_id
+    return record
+
+
+def _floats(xs: Any) -> tuple[float, ...]:
+    return tuple(map(float, xs))
+
+
+@dataclass(frozen=True)
+class Rollout(_RecordBase):
+    """One completion of one policy for one prompt, with its token trace.
+
+    ``token_ids`` are in ``source_tokenizer``'s vocabulary; ``logprobs[i]`` is the behavior
+    log-prob of ``token_ids[i]`` under ``source_policy`` at ``version`` (its training step).
+    ``sample_index`` is the completion's index within its group, so that two identical
+    completions in one group stay two records.
+    """
+
+    kind: ClassVar[str] = "rollout"
+    ARRAY_FIELDS: ClassVar[dict[str, str]] = {"token_ids": "q", "logprobs": "d"}
+    prompt_id: str
+    prompt: str
+    completion: str
+    source_policy: str
+    source_tokenizer: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    reward: float
+    version: int
+    sample_index: int = 0
+    created_at: float = field(default_factory=time.time, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_ids", tuple(self.token_ids))
+        object.__setattr__(self, "logprobs", _floats(self.logprobs))
+        object.__setattr__(self, "reward", float(self.reward))
+        object.__setattr__(self, "created_at", float(self.created_at))
+
+
+@dataclass(frozen=True)
+class GroupOutcome(_RecordBase):
+    """The rewards of one policy's whole group for a prompt (population mean and std)."""
+
+    kind: ClassVar[str] = "group_outcome"
+    ARRAY_FIELDS: ClassVar[dict[str, str]] = {"rewards": "d"}
+    prompt_id: str
+    source_policy: str
+    rewards: tuple[float, ...]
+    mean: float
+    std: float
+    version: int
+    created_at: float = field(default_factory=time.time, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rewards", _floats(self.rewards))
+        object.__setattr__(self, "mean", float(self.mean))
+        object.__setattr__(self, "std", float(self.std))
+        object.__setattr__(self, "created_at", float(self.created_at))
+
+    @classmethod
+    def from_rewards(
+        cls, prompt_id: str, source_policy: str, rewards: list[float], version: int, **kw: Any
+    ) -> GroupOutcome:
+        """Build a group outcome, computing ``mean`` and population ``std`` from ``rewards``."""
+        mean, std = _mean_std(rewards)
+        return cls(prompt_id, source_policy, tuple(rewards), mean, std, version, **kw)
+
+
+@dataclass(frozen=True)
+class VerifiedSuccess(_RecordBase):
+    """A completion that ``verifier`` accepted with ``score``."""
+
+    kind: ClassVar[str] = "verified_success"
+    prompt_id: str
+    completion: str
+    source_policy: str
+    verifier: str
+    score: float
+    version: int
+    created_at: float = field(default_factory=time.time, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "score", float(self.score))
+        object.__setattr__(self, "created_at", float(self.created_at))
+
+
+Record = Rollout | GroupOutcome | VerifiedSuccess
+RECORD_TYPES: dict[str, type[Rollout | GroupOutcome | VerifiedSuccess]] = {
+    "rollout": Rollout,
+    "group_outcome": GroupOutcome,
+    "verified_success": VerifiedSuccess,
+}
+KINDS: tuple[str, ...] = tuple(RECORD_TYPES)
+
+
+def _mean_std(xs: Any) -> tuple[float, float]:
+    n = len(xs)
+    if n == 0:
+        return 0.0, 0.0
+    mean = math.fsum(xs) / n
+    var = math.fsum((x - mean) ** 2 for x in xs) / n
+    return mean, math.sqrt(var)
+
+
+def from_dict(d: Mapping[str, Any]) -> Record:
+    """Rebuild a record from a trusted :meth:`to_dict` (no validation; use :func:`parse` for peers)."""
+    d = dict(d)
+    kind = d.pop("kind")
+    d.pop("schema_version", None)
+    rid = d.pop("record_id", None)
+    record = RECORD_TYPES[kind](**d)
+    if rid is not None:
+        record.__dict__["record_id"] = rid
+    return record
+
+
+def _register() -> None:
+    for cls in RECORD_TYPES.values():
+        names = tuple(f.name for f in dataclasses.fields(cls))
+        cls.FIELD_NAMES = names
+        cls.SCALAR_FIELDS = tuple(n for n in names if n not in cls.ARRAY_FIELDS)
+        cls.ARRAY_ITEMS = tuple(cls.ARRAY_FIELDS.items())
+
+
+_register()
+
