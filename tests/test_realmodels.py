@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from mutualrl import realmodels as rm
+from mutualrl.realmodels import gguf, staging
 from mutualrl.cli import main
 from mutualrl.errors import UserError
 
@@ -62,7 +63,7 @@ def test_smollm2_gguf_in_wheel_matches_record() -> None:
     path = rm.gguf_path("smollm2")
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 50e6
     assert path.read_bytes()[:4] == b"GGUF"
-    assert rm.verify_gguf("smollm2") == rm._record_sha(rm.MODELS["smollm2"])
+    assert rm.verify_gguf("smollm2") == gguf._record_sha(rm.MODELS["smollm2"])
 
 
 @needs_gemma3
@@ -79,8 +80,8 @@ def test_gemma3_chunks_assembled_and_verified(tmp_cache: Path) -> None:
 
 @needs_gemma3
 def test_gemma3_bad_checksum_never_publishes(tmp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = rm._parts_and_sha
-    monkeypatch.setattr(rm, "_parts_and_sha", lambda spec: (real(spec)[0], "0" * 64))
+    real = gguf._parts_and_sha
+    monkeypatch.setattr(gguf, "_parts_and_sha", lambda spec: (real(spec)[0], "0" * 64))
     with pytest.raises(UserError, match="sha256"):
         rm.gguf_path("gemma3")
     assert not (tmp_cache / "gguf").exists() or not any((tmp_cache / "gguf").iterdir())
@@ -98,10 +99,17 @@ def test_missing_package_names_pip_command(tmp_cache: Path, monkeypatch: pytest.
 
 
 def test_bad_names_and_refs(tmp_cache: Path) -> None:
-    assert rm.resolve_model_ref("HuggingFaceTB/SmolLM2-135M") is None
-    assert rm.resolve_model_ref("./some/dir") is None
-    with pytest.raises(UserError, match="smollm2"):
-        rm.resolve_model_ref("real:llama70b")
+    from mutualrl.modelref import ModelRef, ModelRefError
+
+    assert ModelRef.parse("HuggingFaceTB/SmolLM2-135M") == ModelRef("hub", "HuggingFaceTB/SmolLM2-135M")
+    assert ModelRef.parse("./some/dir").kind == "dir"
+    assert ModelRef.parse("real:smollm2") == ModelRef("real", "smollm2")
+    assert ModelRef.parse("zoo:llama-sub@3") == ModelRef("zoo", "llama-sub", 3)
+    assert str(ModelRef("zoo", "x", 3)) == "zoo:x@3"
+    with pytest.raises(ModelRefError, match="smollm2"):
+        ModelRef.parse("real:llama70b")
+    with pytest.raises(ModelRefError, match="integer"):
+        ModelRef.parse("zoo:gpt2-add@x")
     with pytest.raises(UserError, match="real-small"):
         rm.preset_model_dirs("real-huge")
     assert rm.PRESETS["real-small"] == ["smollm2", "gemma3"]
@@ -111,12 +119,12 @@ def test_bad_names_and_refs(tmp_cache: Path) -> None:
 
 def test_staging_discards_partial_directory(tmp_cache: Path) -> None:
     final = tmp_cache / "real" / "x-hf"
-    with pytest.raises(RuntimeError), rm._staging(final) as tmp:
+    with pytest.raises(RuntimeError), staging._staging(final) as tmp:
         (tmp / "model.safetensors").write_bytes(b"half")
         raise RuntimeError("killed mid-write")
     assert not final.exists() and list(final.parent.iterdir()) == []
     final.mkdir()  # a directory without a manifest is not "prepared"
-    assert not rm._complete(final)
+    assert not staging._complete(final)
 
 
 @needs_smollm2

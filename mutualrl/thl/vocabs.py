@@ -28,6 +28,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from mutualrl.paths import cache_root
+
 __all__ = ["NAMES", "cache_dir", "load", "load_backend", "resolve"]
 
 NAMES: tuple[str, ...] = ("cl100k", "minilm", "smollm2", "gemma3")
@@ -43,10 +45,8 @@ _CL100K_SPECIALS = {
 
 
 def cache_dir() -> Path:
-    """Where converted tokenizers live: ``$MUTUALRL_CACHE/tokenizers`` or ``~/.cache/mutualrl/tokenizers``."""
-    env = os.environ.get("MUTUALRL_CACHE")
-    root = Path(env).expanduser() if env else Path.home() / ".cache" / "mutualrl"
-    return root / "tokenizers"
+    """Where converted tokenizers live: ``<mutualrl cache>/tokenizers``."""
+    return cache_root("tokenizers")
 
 
 def _package_dir(module: str, pip_name: str) -> Path:
