@@ -59,7 +59,7 @@ def _untrained_zoo(spec_name: str, max_positions: int | None = None) -> Path:
         return d
     import torch
 
-    from mutualrl.zoo_tokenizers import train_tokenizer
+    from mutualrl.zoo.tokenizers import train_tokenizer
 
     torch.manual_seed(0)
     task = zoo.default_task(seed=0, test_size=50, train_size=2000)

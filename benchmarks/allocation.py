@@ -59,7 +59,7 @@ def build_models(root: Path) -> dict[str, Path]:
     import torch
 
     from mutualrl.zoo import ZOO, build_model, default_task
-    from mutualrl.zoo_tokenizers import train_tokenizer
+    from mutualrl.zoo.tokenizers import train_tokenizer
 
     torch.manual_seed(SEED)
     task = default_task(seed=SEED, test_size=50, train_size=500)

@@ -10,11 +10,14 @@ import pytest
 
 from mutualrl import zoo
 from mutualrl.errors import UserError
+from mutualrl.zoo.build import weights_hash
 
 
 def _tiny(spec: zoo.ZooSpec) -> zoo.ZooSpec:
-    return dataclasses.replace(spec, n_layer=1, n_embd=32, n_head=2, n_kv_head=0, n_inner=64,
-                               sft_steps=40, batch=16, lr=3e-3, max_positions=64)
+    """A tiny variant that lands at its first check (step 40): bands that any accuracy satisfies."""
+    return dataclasses.replace(spec, n_layer=1, n_embd=32, n_head=2, n_kv_head=0, n_inner=64, sft_max_steps=80,
+                               sft_eval_every=40, batch=16, lr=3e-3, max_positions=64,
+                               bands={k: (0.0, 1.0) for k in spec.bands})
 
 
 TINY = {name: _tiny(spec) for name, spec in zoo.ZOO.items()}
@@ -44,7 +47,8 @@ def test_heterogeneous_and_hf_round_trip(built):
         assert model.config.vocab_size == len(tok)
         card = zoo.load_card(path)
         assert card["vocab_size"] == len(tok)
-        assert zoo._weights_hash(model) == card["weights_sha256"]  # saved == trained weights
+        assert weights_hash(model) == card["weights_sha256"]  # saved == trained weights
+        assert card["sft_steps_done"] == 40 and card["landed_val_accuracy"] == card["sft_val_history"][-1]["val"]
         # prompt and answer tokenize independently, digits are single tokens, text round-trips
         prompt, answer = zoo.format_prompt("Calculate 18 - 42."), "-24"
         p_ids = tok(prompt, add_special_tokens=False).input_ids
@@ -85,12 +89,12 @@ def test_cache_hit_and_determinism(built, tmp_path):
 def test_spec_hash_and_errors(tmp_path):
     spec = zoo.ZOO["gpt2-add"]
     assert spec.cache_key(0) != spec.cache_key(1)
-    assert spec.cache_key(0) != dataclasses.replace(spec, sft_steps=1).cache_key(0)
+    assert spec.cache_key(0) != dataclasses.replace(spec, sft_max_steps=1).cache_key(0)
+    assert spec.cache_key(0) != spec.cache_key(0, task_key="abc")
     with pytest.raises(UserError, match="valid"):
         zoo.build_zoo(["nope"], cache_dir=tmp_path, progress=False)
     with pytest.raises(UserError):
         zoo.zoo_model_dir("nope", cache_dir=tmp_path)
-    assert zoo.resolve_model("some/hub-id") == "some/hub-id"
 
 
 def _parse(argv):
@@ -111,15 +115,59 @@ def test_cli(tmp_path, capsys):
         args.func(args)
 
 
-def test_sft_stops_early_at_target():
+def test_sft_lands_in_band_and_follows_the_bands():
     import torch
 
-    from mutualrl.zoo_tokenizers import train_tokenizer
+    from mutualrl.zoo.build import corpus
+    from mutualrl.zoo.sft import band_weights, in_band, sft
+    from mutualrl.zoo.tokenizers import train_tokenizer
 
-    spec = dataclasses.replace(TINY["gpt2-add"], sft_target={"add": 0.0}, sft_eval_every=5)
+    spec = dataclasses.replace(TINY["gpt2-add"], sft_eval_every=5)
     task = zoo.default_task(0, test_size=10, train_size=2000)
-    tok = train_tokenizer(spec.tokenizer, zoo._corpus(task, limit=500), spec.vocab_size)
+    tok = train_tokenizer(spec.tokenizer, corpus(task, limit=500), spec.vocab_size)
     torch.manual_seed(0)
-    history: list = []
-    losses = zoo.sft(zoo.build_model(spec, tok), tok, task, spec, 0, history=history)
-    assert len(losses) == 5 and history == [{"step": 5, "add": history[0]["add"]}]
+    res = sft(zoo.build_model(spec, tok), tok, task, spec, 0)
+    assert res.landed and len(res.losses) == 5 and [h["step"] for h in res.history] == [5]
+    # the mixture follows the bands: base share below, rehearsal inside, nothing above
+    banded = dataclasses.replace(spec, bands={"add": (0.3, 0.5), "sub": (0.03, 0.15)})
+    w = band_weights(banded, {"add": 0.1, "sub": 0.5})
+    assert w == {"add": 0.8, "sub": 0.0}
+    assert band_weights(banded, {"add": 0.4, "sub": 0.1}) == pytest.approx({"add": 0.08, "sub": 0.02})
+    assert in_band(banded, {"add": 0.4, "sub": 0.1}) and not in_band(banded, {"add": 0.55, "sub": 0.1})
+
+
+def test_a_build_that_misses_its_band_fails_and_writes_nothing(tmp_path, capsys):
+    from mutualrl.zoo.sft import ZooBandError
+
+    spec = dataclasses.replace(TINY["gpt2-add"], sft_max_steps=10, sft_eval_every=5,
+                               bands={"add": (0.99, 1.0), "sub": (0.0, 1.0)})
+    with pytest.raises(ZooBandError) as exc:
+        zoo.build_zoo(["gpt2-add"], cache_dir=tmp_path, progress=False, specs={"gpt2-add": spec})
+    msg = str(exc.value)
+    assert "did not land" in msg and "add" in msg and "99%" in msg and "10 SFT steps" in msg
+    assert not any(p.name == "gpt2-add" for p in tmp_path.rglob("*"))  # nothing in the cache
+
+
+def test_zoo_build_for_a_user_task_file(tmp_path, monkeypatch):
+    import yaml
+
+    from mutualrl.zoo.cli import task_specs
+
+    monkeypatch.setitem(zoo.ZOO, "gpt2-add", TINY["gpt2-add"])
+    ops = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "allow_parentheses": False,
+           "allow_negation": False}
+    cfg = {"task": {"datasets": [{"name": "basic_arithmetic", "alias": "mul", "config": dict(ops, operators=["*"])},
+                                 {"name": "basic_arithmetic", "alias": "add", "config": dict(ops, operators=["+"])}],
+                    "test_size": 40, "train_size": 1500},
+           "zoo": [{"name": "gpt2-mul", "like": "gpt2-add", "sft_mixture": {"mul": 0.8, "add": 0.2},
+                    "bands": {"mul": [0.0, 1.0], "add": [0.0, 1.0]}}]}
+    path = tmp_path / "task.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    task, specs = task_specs(path)
+    dirs = zoo.build_zoo(["gpt2-mul"], cache_dir=tmp_path / "cache", progress=False, specs=specs, task=task)
+    card = zoo.load_card(dirs["gpt2-mul"])
+    assert set(card["accuracy_greedy"]) == {"mul", "add"} and card["task_key"]
+    bad = dict(cfg, zoo=[{"name": "x", "sft_mixture": {"div": 1.0}, "bands": {"mul": [0, 1], "add": [0, 1]}}])
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(UserError, match="div"):
+        task_specs(path)

@@ -1,0 +1,191 @@
+"""Building zoo policies: tokenizer, model, banded warm start, card, atomic write into the cache.
+
+Built policies are ordinary Hugging Face directories (``config.json``, ``model.safetensors``,
+``tokenizer.json``, ``tokenizer_config.json``, ``generation_config.json``) plus ``zoo_card.json``
+(spec, size, tokenizer, where SFT landed, measured accuracies). They live under
+``<cache>/zoo/<hash>/<name>``, the hash covering the spec, the build seed, the task and
+:data:`~mutualrl.zoo.specs.ZOO_VERSION`, so a second run loads in seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mutualrl.paths import cache_root as _cache_root
+from mutualrl.quiet import quiet_transformers
+from mutualrl.zoo.specs import DEFAULT_NAMES, ZOO, ZOO_VERSION, ZooSpec, check_names
+from mutualrl.zoo.task import PROMPT_TEMPLATE, default_task, format_prompt
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where built zoo policies live: ``cache_dir``, else ``<mutualrl cache>/zoo``."""
+    return Path(cache_dir).expanduser() if cache_dir is not None else _cache_root("zoo")
+
+
+def task_key(task: Any | None) -> str:
+    """A short hash of a task's sources (empty for the default zoo task)."""
+    if task is None:
+        return ""
+    desc = [[getattr(s, "dataset", type(s).__name__), s.name, getattr(s, "config", {}),
+             str(getattr(s, "path", ""))] for s in task.sources]
+    payload = json.dumps({"sources": desc, "weights": task.weights, "seed": task.seed}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def policy_dir(name: str, seed: int = 0, cache_dir: str | os.PathLike[str] | None = None,
+               spec: ZooSpec | None = None, task: Any | None = None) -> Path:
+    """The cache directory of zoo policy ``name`` for build ``seed`` (it may not be built yet)."""
+    if spec is None:
+        check_names([name])
+        spec = ZOO[name]
+    return cache_root(cache_dir) / spec.cache_key(seed, task_key(task)) / name
+
+
+def is_built(path: Path) -> bool:
+    return (path / "zoo_card.json").is_file() and (path / "model.safetensors").is_file()
+
+
+def load_card(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``zoo_card.json`` of a built zoo policy directory."""
+    return json.loads((Path(path) / "zoo_card.json").read_text())
+
+
+def corpus(task: Any, limit: int = 4000) -> list[str]:
+    """Tokenizer training text: training prompts with their answers, all task types, an evenly
+    strided subset of at most ``limit`` (the text is very regular; more only costs time)."""
+    texts = [format_prompt(p.question) + p.answer for k in task.train for p in task.train[k]]
+    return texts[:: max(1, math.ceil(len(texts) / limit))]
+
+
+def weights_hash(model: Any) -> str:
+    """sha256 (16 hex chars) over a model's state dict, keys and bytes in key order."""
+    h = hashlib.sha256()
+    for key, tensor in sorted(model.state_dict().items()):
+        h.update(key.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def build_one(spec: ZooSpec, seed: int, task: Any, target: Path,
+              on_step: Callable[[int, float, dict[str, Any] | None], None] | None = None) -> dict[str, Any]:
+    """Build ``spec`` for ``task`` into ``target`` (atomically); return its card.
+
+    Raises :class:`~mutualrl.zoo.sft.ZooBandError` (exit code 2 from the CLI) when SFT did not
+    land in the band; nothing is written then."""
+    import torch
+
+    from mutualrl.zoo.evaluate import evaluate
+    from mutualrl.zoo.models import build_model
+    from mutualrl.zoo.sft import band_failure, sft
+    from mutualrl.zoo.tokenizers import tokenizer_model_type, train_tokenizer
+
+    t0 = time.perf_counter()
+    tokenizer = train_tokenizer(spec.tokenizer, corpus(task), spec.vocab_size)
+    torch.manual_seed(seed)
+    model = build_model(spec, tokenizer)
+    res = sft(model, tokenizer, task, spec, seed, on_step)
+    if not res.landed:
+        raise band_failure(spec, res)
+    t_sft = time.perf_counter() - t0
+    greedy = evaluate(model, tokenizer, task, temperature=0.0, seed=seed)
+    sampled = evaluate(model, tokenizer, task, temperature=1.0, seed=seed)
+    k = max(1, len(res.losses) // 20)
+    card = {
+        "name": spec.name, "seed": seed, "zoo_version": ZOO_VERSION, "spec": spec.to_dict(),
+        "task_key": task_key(task) if task is not None else "",
+        "model_type": model.config.model_type, "architecture": type(model).__name__,
+        "n_params": sum(p.numel() for p in model.parameters()), "tokenizer_kind": spec.tokenizer,
+        "tokenizer_model": tokenizer_model_type(tokenizer), "vocab_size": len(tokenizer),
+        "special_tokens": {"pad": [tokenizer.pad_token, tokenizer.pad_token_id],
+                           "bos": [tokenizer.bos_token, tokenizer.bos_token_id],
+                           "eos": [tokenizer.eos_token, tokenizer.eos_token_id],
+                           "unk": [tokenizer.unk_token, tokenizer.unk_token_id]},
+        "prompt_template": PROMPT_TEMPLATE, "torch_threads": torch.get_num_threads(),
+        "bands": {k2: list(v) for k2, v in spec.bands.items()},
+        "landed_val_accuracy": res.val_accuracy, "sft_steps_done": len(res.losses), "sft_val_history": res.history,
+        "sft_loss_first": sum(res.losses[:k]) / k, "sft_loss_last": sum(res.losses[-k:]) / k,
+        "accuracy_greedy": greedy, "accuracy_sampled_t1": sampled,
+        "n_test_per_type": {name: len(p) for name, p in task.test.items()},
+        "weights_sha256": weights_hash(model),
+        "build_s": round(time.perf_counter() - t0, 1), "sft_s": round(t_sft, 1),
+    }
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{spec.name}-", dir=target.parent))
+    try:
+        with quiet_transformers():
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        (tmp / "zoo_card.json").write_text(json.dumps(card, indent=2) + "\n")
+        if target.exists() and not is_built(target):  # a broken copy (not ours): replace it
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished first: keep its copy
+            if not is_built(target):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return card
+
+
+def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str | os.PathLike[str] | None = None,
+              progress: bool = True, specs: dict[str, ZooSpec] | None = None, task: Any | None = None,
+              threads: int | None = None) -> dict[str, Path]:
+    """Build (or load from the cache) zoo policies and return their model directories.
+
+    ``names`` defaults to :data:`~mutualrl.zoo.specs.DEFAULT_NAMES`; ``specs`` overrides the table
+    (tests use tiny variants, ``zoo build --task`` the user's mixtures); ``task`` defaults to the
+    zoo task. Each policy is trained in this process with ``threads`` torch threads (default: at
+    most 2), deterministic in ``seed``, and written atomically (temporary directory + rename).
+    """
+    import torch
+
+    from mutualrl.progress import Progress
+
+    table = ZOO if specs is None else specs
+    names = list(DEFAULT_NAMES if names is None else names)
+    check_names(names, table)
+    dirs = {n: policy_dir(n, seed, cache_dir, table[n], task) for n in names}
+    todo = [n for n in names if not is_built(dirs[n])]
+    if not todo:
+        return dirs
+    build_task = task if task is not None else default_task(seed)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or min(2, before))
+    try:
+        for n in todo:
+            spec = table[n]
+            with Progress(f"zoo {n}", spec.sft_max_steps, enabled=progress, every=spec.sft_eval_every * 4) as bar:
+                def tick(step: int, loss: float, check: dict[str, Any] | None, _bar: Any = bar) -> None:
+                    info = f"loss {loss:.3f}"
+                    if check is not None:
+                        _bar.note = "val " + " ".join(f"{k} {v:.0%}" for k, v in check["val"].items())
+                    _bar.update(step + 1, info)
+
+                card = build_one(spec, seed, build_task, dirs[n], tick)
+                bar.finish(f"landed at step {card['sft_steps_done']}: greedy test "
+                           + ", ".join(f"{k} {v:.1%}" for k, v in card["accuracy_greedy"].items()))
+    finally:
+        torch.set_num_threads(before)
+    return dirs
+
+
+def zoo_model_dir(name: str, seed: int = 0, cache_dir: str | os.PathLike[str] | None = None,
+                  progress: bool | None = None) -> Path:
+    """The model directory of zoo policy ``name`` (``model: zoo:<name>``), built on demand."""
+    check_names([name])
+    if progress is None:
+        progress = sys.stderr.isatty()
+    return build_zoo([name], seed=seed, cache_dir=cache_dir, progress=progress)[name]

@@ -1,0 +1,133 @@
+"""``mutualrl zoo build|list``: build the embedded policies (for the zoo task or yours) and list them."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from mutualrl.errors import UserError
+from mutualrl.zoo.build import build_zoo, is_built, load_card, policy_dir
+from mutualrl.zoo.specs import DEFAULT_NAMES, ZOO, ZooSpec, check_names
+
+TASK_FILE_HELP = """A YAML file with a run config's `task:` section and a `zoo:` section that
+gives each policy to build its skill mixture over the task's dataset aliases and its band per
+skill, e.g.
+  zoo:
+    - {name: gpt2-gcd, like: gpt2-add, sft_mixture: {gcd: 0.8, lcm: 0.2},
+       bands: {gcd: [0.3, 0.5], lcm: [0.03, 0.15]}}
+`like` picks the architecture and tokenizer of an embedded policy (default gpt2-add)."""
+
+
+def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec]]:
+    """The task and the zoo specs a ``zoo build --task FILE`` asks for (``UserError`` if invalid)."""
+    import yaml
+
+    from mutualrl.config import TaskConfig, validate_task
+    from mutualrl.errors import ConfigError
+    from mutualrl.schema import build
+    from mutualrl.tasks.build import build_task
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"--task: file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"--task: {p} is not valid YAML ({' '.join(str(exc).split())})") from None
+    if not isinstance(data, dict) or "task" not in data or "zoo" not in data:
+        raise UserError(f"--task: {p} needs a `task:` and a `zoo:` section.\n{TASK_FILE_HELP}")
+    tcfg = build(TaskConfig, data["task"], "task")
+    validate_task(tcfg)
+    try:
+        task = build_task(tcfg)
+    except (ValueError, OSError) as exc:
+        raise UserError(f"task: {exc}") from None
+    entries = data["zoo"]
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError("zoo", "expected a list of policies to build (name, like, sft_mixture, bands)")
+    specs: dict[str, ZooSpec] = {}
+    for i, e in enumerate(entries):
+        where = f"zoo[{i}]"
+        if not isinstance(e, dict):
+            raise ConfigError(where, f"expected a mapping, got {type(e).__name__}")
+        unknown = sorted(set(e) - {"name", "like", "sft_mixture", "bands"})
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}", "unknown field; valid: name, like, sft_mixture, bands")
+        like = e.get("like", "gpt2-add")
+        if like not in ZOO:
+            raise ConfigError(f"{where}.like", f"unknown zoo policy {like!r}; valid: {', '.join(ZOO)}")
+        name = str(e.get("name") or "")
+        if not name or name in specs:
+            raise ConfigError(f"{where}.name", f"must be a non-empty, unique name, got {name!r}")
+        try:
+            mix = {str(k): float(v) for k, v in dict(e.get("sft_mixture") or {}).items()}
+            bands = {str(k): (float(v[0]), float(v[1])) for k, v in dict(e.get("bands") or {}).items()}
+        except (TypeError, ValueError, IndexError, KeyError):
+            raise ConfigError(where, "sft_mixture maps skills to weights, bands maps skills to [low, high]") from None
+        spec = dataclasses.replace(ZOO[like], name=name, sft_mixture=mix, bands=bands,
+                                   description=f"{ZOO[like].description.split(';')[0]}; built for {p.name}")
+        spec.check(list(task.train))
+        specs[name] = spec
+    return task, specs
+
+
+def _cmd_build(args: Any) -> int:
+    t0 = time.perf_counter()
+    if args.task:
+        task, specs = task_specs(args.task)
+        names = args.names or list(specs)
+        dirs = build_zoo(names, seed=args.seed, cache_dir=args.cache_dir, progress=True, specs=specs, task=task)
+    else:
+        if args.names:
+            check_names(args.names)
+        dirs = build_zoo(args.names or None, seed=args.seed, cache_dir=args.cache_dir, progress=True)
+    for name, path in dirs.items():
+        card = load_card(path)
+        acc = "  ".join(f"{k} {v:.1%}" for k, v in card["accuracy_greedy"].items())
+        print(f"{name:10s} {card['architecture']:20s} {card['tokenizer_model']:9s} vocab {card['vocab_size']:4d}  "
+              f"{card['n_params'] / 1e6:.2f}M  greedy test: {acc}  ({card['sft_steps_done']} SFT steps)  {path}")
+    if args.task:
+        print("use these directories as `model:` in a run config with the same `task:` section")
+    print(f"zoo ready in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+def _cmd_list(args: Any) -> int:
+    for name, spec in ZOO.items():
+        path = policy_dir(name, args.seed, args.cache_dir)
+        if is_built(path):
+            card = load_card(path)
+            state = "built: greedy " + ", ".join(f"{k} {v:.1%}" for k, v in card["accuracy_greedy"].items())
+        else:
+            state = "not built"
+        default = "*" if name in DEFAULT_NAMES else " "
+        bands = ", ".join(f"{k} {lo:.0%}-{hi:.0%}" for k, (lo, hi) in spec.bands.items())
+        print(f"{default} zoo:{name:10s} {spec.arch:8s} {spec.tokenizer:8s} L{spec.n_layer} d{spec.n_embd}  "
+              f"bands [{bands}]  {state}")
+    print("(* = built by default; `mutualrl zoo build --names ...` builds others)")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``mutualrl zoo build|list`` to the CLI."""
+    import argparse
+
+    p = subparsers.add_parser("zoo", help="build or list the embedded default policies (the zoo)",
+                              description="The policy zoo: small heterogeneous LMs built locally (no download), "
+                              "warm-started until each skill is inside its accuracy band, and cached.")
+    sub = p.add_subparsers(dest="zoo_command", metavar="ACTION")
+    for action, func, text in (("build", _cmd_build, "build (or load from the cache) zoo policies"),
+                               ("list", _cmd_list, "list zoo policies and whether they are built")):
+        q = sub.add_parser(action, help=text, description=text, epilog=TASK_FILE_HELP if action == "build" else None,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        q.add_argument("--seed", type=int, default=0, help="build seed (default 0; zoo:NAME@SEED in configs)")
+        q.add_argument("--cache-dir", default=None, help="cache folder (default $MUTUALRL_CACHE/zoo or "
+                       "~/.cache/mutualrl/zoo)")
+        if action == "build":
+            q.add_argument("--names", nargs="+", metavar="NAME",
+                           help=f"policies to build (default: {' '.join(DEFAULT_NAMES)}; all: {' '.join(ZOO)})")
+            q.add_argument("--task", metavar="CONFIG.yaml", help="build for your own task (see below)")
+        q.set_defaults(func=func)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

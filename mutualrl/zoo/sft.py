@@ -1,0 +1,148 @@
+"""The zoo's supervised warm start: train until every skill is inside its band.
+
+Loss on the completion (answer + EOS) only; AdamW with a linear warm-up, then a constant
+learning rate (a decay tied to a step budget would make the landing depend on that budget).
+Every ``spec.sft_eval_every`` steps greedy accuracy is measured per task type on a validation
+slice of the training problems, and the mixture follows the bands: a type below its band keeps
+its base share, a type inside it is only rehearsed, a type above it is left out. Deterministic in
+the seed (up to floating-point differences between thread counts, which the band absorbs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mutualrl.errors import UserError
+from mutualrl.zoo.specs import ZooSpec
+from mutualrl.zoo.task import format_prompt
+
+VAL_SIZE = 500
+"""Training problems per type held out of SFT to measure the band (the last ones of the split)."""
+
+
+@dataclass
+class SFTResult:
+    """What a warm start did: per-step losses, the validation checks and whether it landed."""
+
+    losses: list[float] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per check: ``step``, accuracy per type, and the mixture used next."""
+    landed: bool = False
+
+    @property
+    def val_accuracy(self) -> dict[str, float]:
+        """The last measured validation accuracy per type."""
+        return dict(self.history[-1]["val"]) if self.history else {}
+
+
+def encode_examples(tokenizer: Any, problems: Sequence[Any]) -> list[tuple[list[int], int]]:
+    """(ids, prompt length) per problem: prompt ids + answer ids + EOS."""
+    prompts = tokenizer([format_prompt(p.question) for p in problems], add_special_tokens=False)["input_ids"]
+    answers = tokenizer([p.answer for p in problems], add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    return [(list(p) + list(a) + [eos], len(p)) for p, a in zip(prompts, answers, strict=True)]
+
+
+def collate(examples: Sequence[tuple[list[int], int]], pad_id: int):
+    """Right-padded ids, attention mask and labels (-100 outside the completion)."""
+    import torch
+
+    width = max(len(ids) for ids, _ in examples)
+    n = len(examples)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    labels = torch.full((n, width), -100, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for i, (ids, plen) in enumerate(examples):
+        t = torch.tensor(ids, dtype=torch.long)
+        input_ids[i, : len(ids)] = t
+        mask[i, : len(ids)] = 1
+        labels[i, plen: len(ids)] = t[plen:]
+    return input_ids, mask, labels
+
+
+def band_weights(spec: ZooSpec, acc: dict[str, float]) -> dict[str, float]:
+    """The mixture after a check: base share below the band, rehearsal inside it, 0 above it."""
+    out = {}
+    for k, w in spec.sft_mixture.items():
+        lo, hi = spec.bands[k]
+        a = acc.get(k, 0.0)
+        out[k] = w if a < lo else (w * spec.rehearsal if a <= hi else 0.0)
+    return out
+
+
+def in_band(spec: ZooSpec, acc: dict[str, float]) -> bool:
+    """Whether every type's accuracy lies inside its band."""
+    return all(lo <= acc.get(k, 0.0) <= hi for k, (lo, hi) in spec.bands.items())
+
+
+def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
+        on_step: Callable[[int, float, dict[str, Any] | None], None] | None = None) -> SFTResult:
+    """Warm-start ``model`` on ``task``'s training problems until :func:`in_band` (or the cap).
+
+    ``on_step(step, loss, check)`` is called after every step (``check`` is the history entry when
+    the step ended with a validation check, else None).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from mutualrl.zoo.evaluate import accuracy
+
+    spec.check(list(task.train))
+    val = {k: task.train[k][-VAL_SIZE:] for k in spec.bands}
+    pools = {k: encode_examples(tokenizer, task.train[k][: max(1, len(task.train[k]) - VAL_SIZE)])
+             for k in spec.sft_mixture}
+    types = list(pools)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=spec.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, spec.warmup_steps)))
+    weights = dict(spec.sft_mixture)
+    res = SFTResult()
+    model.train()
+    for step in range(spec.sft_max_steps):
+        w = torch.tensor([weights[k] for k in types], dtype=torch.float)
+        if float(w.sum()) <= 0:  # every type at or above its band: nothing left to teach
+            w = torch.tensor([spec.sft_mixture[k] * spec.rehearsal for k in types], dtype=torch.float)
+        kinds = torch.multinomial(w, spec.batch, replacement=True, generator=gen).tolist()
+        batch = []
+        for k in kinds:
+            pool = pools[types[k]]
+            batch.append(pool[int(torch.randint(len(pool), (1,), generator=gen))])
+        input_ids, mask, labels = collate(batch, tokenizer.pad_token_id)
+        logits = model(input_ids=input_ids, attention_mask=mask).logits
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
+                               ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        res.losses.append(float(loss.detach()))
+        check = None
+        if (step + 1) % spec.sft_eval_every == 0:
+            acc = accuracy(model, tokenizer, task, val)
+            model.train()
+            weights = band_weights(spec, acc)
+            check = {"step": step + 1, "val": acc, "mixture": weights}
+            res.history.append(check)
+            res.landed = in_band(spec, acc)
+        if on_step is not None:
+            on_step(step, res.losses[-1], check)
+        if res.landed:
+            break
+    model.eval()
+    return res
+
+
+class ZooBandError(UserError):
+    """A zoo build that did not land inside its band within its step cap."""
+
+
+def band_failure(spec: ZooSpec, res: SFTResult) -> ZooBandError:
+    """The error for a build that missed its band: what it measured and what to try."""
+    got = ", ".join(f"{k} {res.val_accuracy.get(k, 0):.1%} (band {lo:.0%}-{hi:.0%})"
+                    for k, (lo, hi) in spec.bands.items())
+    return ZooBandError(f"zoo policy {spec.name!r} did not land in its band after {len(res.losses)} SFT steps "
+                        f"(sft_max_steps): validation accuracy {got}. Raise sft_max_steps, widen the bands or "
+                        f"change the mixture; nothing was written to the cache")

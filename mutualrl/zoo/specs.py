@@ -1,0 +1,127 @@
+"""What a zoo policy is: architecture, tokenizer, warm-start mixture and the skill band it must land in."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mutualrl.errors import UserError
+
+ZOO_VERSION = "3"
+"""Bump when anything that changes a built policy changes (code, task, tokenizers)."""
+
+ARCHS: tuple[str, ...] = ("gpt2", "llama", "gpt_neox", "qwen2")
+"""Architecture families a :class:`ZooSpec` can name (``transformers`` model types). The default
+policies use 32-dimensional attention heads, a size vLLM's CPU kernels support, so they can also
+sample through ``generation.engine: vllm``."""
+
+
+@dataclass(frozen=True)
+class ZooSpec:
+    """How to build one zoo policy.
+
+    ``sft_mixture`` maps task types (source names of the zoo task) to their base share of the
+    warm-start examples; ``bands`` maps every type to the greedy accuracy band ``(low, high)`` the
+    policy must land in, measured every ``sft_eval_every`` steps on a validation slice of the
+    training problems (never the test split). A type below its band is trained at its base share,
+    a type inside its band only at ``rehearsal`` times that share, a type above it not at all;
+    SFT stops as soon as every type is inside its band, and a build that has not got there after
+    ``sft_max_steps`` fails (it never hands out a policy outside its band). ``n_inner`` of 0 means
+    4 × ``n_embd``; ``n_kv_head`` of 0 means ``n_head`` (Llama/Qwen2 only). ``vocab_size`` is an
+    upper bound for the tokenizer trainer (the card records the real size).
+    """
+
+    name: str
+    arch: str
+    tokenizer: str
+    vocab_size: int
+    n_layer: int
+    n_embd: int
+    n_head: int
+    sft_mixture: dict[str, float]
+    bands: dict[str, tuple[float, float]]
+    sft_max_steps: int = 4000
+    lr: float = 3e-3
+    batch: int = 96
+    n_inner: int = 0
+    n_kv_head: int = 0
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    max_positions: int = 128
+    sft_eval_every: int = 25
+    rehearsal: float = 0.1
+    description: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of the spec."""
+        d = dataclasses.asdict(self)
+        d["bands"] = {k: list(v) for k, v in self.bands.items()}
+        return d
+
+    def cache_key(self, seed: int, task_key: str = "") -> str:
+        """Hash of (spec, seed, task, :data:`ZOO_VERSION`) naming the cache folder."""
+        payload = json.dumps({"spec": self.to_dict(), "seed": seed, "version": ZOO_VERSION, "task": task_key},
+                             sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def check(self, types: Sequence[str]) -> None:
+        """Raise :class:`UserError` unless mixture and bands name exactly the task's types, sensibly."""
+        where = f"zoo policy {self.name!r}"
+        unknown = sorted((set(self.sft_mixture) | set(self.bands)) - set(types))
+        if unknown:
+            raise UserError(f"{where}: unknown task type(s) {unknown} in sft_mixture/bands; valid: {sorted(types)}")
+        if set(self.bands) != set(types):
+            raise UserError(f"{where}: bands must give a (low, high) range for every task type {sorted(types)}")
+        if not any(w > 0 for w in self.sft_mixture.values()):
+            raise UserError(f"{where}: sft_mixture needs a positive weight")
+        for k, (lo, hi) in self.bands.items():
+            if not 0.0 <= lo < hi <= 1.0:
+                raise UserError(f"{where}: band of {k!r} must satisfy 0 <= low < high <= 1, got ({lo}, {hi})")
+            if lo > 0 and self.sft_mixture.get(k, 0) <= 0:
+                raise UserError(f"{where}: {k!r} must reach {lo:.0%} but has no weight in sft_mixture")
+
+
+OWN_BAND = (0.30, 0.50)
+"""Greedy accuracy band of a policy's own skill."""
+WEAK_BAND = (0.03, 0.15)
+"""Greedy accuracy band of the skill a policy is weak at (what its peer can share)."""
+
+ZOO: dict[str, ZooSpec] = {
+    "gpt2-add": ZooSpec(
+        name="gpt2-add", arch="gpt2", tokenizer="byte_bpe", vocab_size=384,
+        n_layer=3, n_embd=160, n_head=5, sft_mixture={"add": 0.8, "sub": 0.2},
+        bands={"add": OWN_BAND, "sub": WEAK_BAND},
+        description="GPT-2 family, byte-level BPE; good at addition, weak at subtraction",
+    ),
+    "llama-sub": ZooSpec(
+        name="llama-sub", arch="llama", tokenizer="unigram", vocab_size=400,
+        n_layer=3, n_embd=128, n_head=4, n_kv_head=2, n_inner=384,
+        sft_mixture={"add": 0.2, "sub": 0.8}, bands={"add": WEAK_BAND, "sub": OWN_BAND},
+        description="Llama family (GQA, RoPE, SwiGLU), SentencePiece-style Unigram; "
+                    "good at subtraction, weak at addition",
+    ),
+    "neox-mix": ZooSpec(
+        name="neox-mix", arch="gpt_neox", tokenizer="char", vocab_size=128,
+        n_layer=3, n_embd=128, n_head=4, sft_mixture={"add": 0.5, "sub": 0.5},
+        bands={"add": (0.10, 0.30), "sub": (0.10, 0.30)},
+        description="GPT-NeoX family (parallel residual, partial rotary), character level; "
+                    "a weak generalist",
+    ),
+}
+"""The default zoo policies, by name."""
+
+DEFAULT_NAMES: tuple[str, ...] = ("gpt2-add", "llama-sub")
+"""The policies built when no names are given (the demo's two learners)."""
+
+
+def check_names(names: Sequence[str], table: dict[str, ZooSpec] | None = None) -> None:
+    """Raise :class:`UserError` naming the unknown zoo policies among ``names``."""
+    table = ZOO if table is None else table
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise UserError(f"unknown zoo polic{'y' if len(unknown) == 1 else 'ies'} "
+                        f"{', '.join(map(repr, unknown))}; valid: {', '.join(table)}")
