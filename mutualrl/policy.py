@@ -1,24 +1,35 @@
-"""A policy: a Hugging Face causal LM, its tokenizer, its optimizer (and a frozen reference).
+"""A policy: a Hugging Face causal LM, its tokenizer, its optimizer, its sampler (and a reference).
 
 Token-level tensors for training use a *right-aligned* layout ``[B, C]``: the completion of row
-``i`` occupies its last ``len_i`` columns, so one forward pass over left-padded
-``prompt + completion`` sequences yields every completion log-prob from the last ``C + 1``
-logits only (no full-vocabulary logits for the prompt positions).
+``i`` occupies its last ``len_i`` columns. Log-probs are computed from the decoder's hidden
+states at completion positions only, and the LM head runs over them in chunks bounded by
+``logits_budget`` elements (recomputed in the backward pass when there is more than one chunk),
+so a large vocabulary (Gemma-3's 262k) never materialises a ``B x T x V`` logits tensor.
+
+Options users know from TRL/peft: ``gradient_checkpointing``; LoRA through ``peft`` (only the
+adapter trains and is checkpointed; with ``beta > 0`` the reference log-probs come from the base
+model with the adapter disabled, not from a second copy); ``dtype`` (``auto``: bf16 autocast on a
+CUDA device that supports it, fp32 elsewhere); ``device``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import torch
-import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
-from mutualrl.config import GRPOOptions
+from mutualrl.config import GenerationConfig, GRPOOptions, PeftConfig
+from mutualrl.devices import cpu_has_native_bf16, resolve_dtype
+from mutualrl.engines.base import GenerationEngine, SamplingParams, cache_kwarg, dedupe_prompts, left_pad
+
+LOGITS_BUDGET = 1 << 25
+"""Most logits (elements) the training forward holds at once: 32 M floats, 128 MiB in fp32."""
 
 
 @dataclass
@@ -36,23 +47,7 @@ class Sample:
     finished: bool
 
 
-def resolve_model_path(ref: str) -> str:
-    """Map ``zoo:<name>`` / ``real:<name>`` to a local directory; other refs pass through."""
-    if ref.startswith("zoo:"):
-        from mutualrl import zoo
-
-        # the zoo's build seed is part of the reference (zoo:NAME@SEED, default 0), never the run's
-        # seed: every run seed starts from the same warm-started policy
-        name, _, zseed = ref[4:].partition("@")
-        return str(zoo.zoo_model_dir(name, seed=int(zseed or 0)))
-    if ref.startswith("real:"):
-        from mutualrl import realmodels
-
-        return str(realmodels.resolve_model_ref(ref))
-    return str(Path(ref).expanduser()) if Path(ref).expanduser().exists() else ref
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
+def tokenizer_fingerprint(tokenizer: Any) -> str:
     """A short id of a tokenizer: class, vocabulary size and a hash of the vocabulary."""
     import hashlib
 
@@ -77,15 +72,48 @@ def right_mask(lengths: Sequence[int], width: int) -> torch.Tensor:
     return torch.arange(width).unsqueeze(0) >= (width - lens)
 
 
+def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                  budget: int = LOGITS_BUDGET, softcap: float | None = None) -> torch.Tensor:
+    """``log softmax(head(hidden) / T)`` at ``targets`` (``[B, n, H]``, ``[B, n]`` -> ``[B, n]``, fp32).
+
+    Rows are processed in chunks of at most ``budget`` logits; with more than one chunk and
+    gradients on, each chunk's logits are recomputed in the backward pass instead of kept.
+    """
+    b, n, h = hidden.shape
+    flat, tflat = hidden.reshape(b * n, h), targets.reshape(b * n)
+    vocab = head.weight.shape[0]
+    rows = max(1, budget // max(1, vocab))
+
+    def piece(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        logits = head(x).float()
+        if softcap:  # Gemma-2-style final logit soft-capping, as the model's own forward does
+            logits = torch.tanh(logits / softcap) * softcap
+        if temperature != 1.0:
+            logits = logits / temperature
+        return logits.gather(-1, t.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+    if flat.shape[0] <= rows:
+        return piece(flat, tflat).reshape(b, n)
+    recompute = torch.is_grad_enabled() and flat.requires_grad
+    parts = []
+    for s in range(0, flat.shape[0], rows):
+        x, t = flat[s:s + rows], tflat[s:s + rows]
+        parts.append(checkpoint(piece, x, t, use_reentrant=False) if recompute else piece(x, t))
+    return torch.cat(parts).reshape(b, n)
+
+
 class Policy:
-    """A trainable causal LM with its tokenizer, optimizer and optional frozen reference.
+    """A trainable causal LM with its tokenizer, optimizer, sampler and optional reference.
 
     Args:
         name: the policy's name (its source id in the exchange).
         model_path: a local directory or hub id for ``from_pretrained``.
-        options: GRPO options (sampling, optimizer, dtype).
+        options: GRPO options (sampling, optimizer, dtype, gradient checkpointing).
         prompt_template: a format string with ``{question}`` or ``"chat"``.
         seed: seeds the sampling generator.
+        device: ``cpu``, ``cuda`` or ``cuda:N``.
+        peft: LoRA settings (only the adapter trains).
+        generation: the sampling engine (``hf`` default, ``vllm``).
     """
 
     share_prompt_prefix: bool = True
@@ -94,7 +122,8 @@ class Policy:
 
     def __init__(self, name: str, model_path: str, options: GRPOOptions, *,
                  prompt_template: str = "{question} Answer: ", system_prompt: str | None = None,
-                 seed: int = 0, device: str = "cpu") -> None:
+                 seed: int = 0, device: str = "cpu", peft: PeftConfig | None = None,
+                 generation: GenerationConfig | None = None) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.name = name
@@ -102,36 +131,77 @@ class Policy:
         self.options = options
         self.prompt_template = prompt_template
         self.system_prompt = system_prompt
-        self.device = torch.device(device)
+        self.device = torch.device("cuda:0" if device == "cuda" else device)
+        self.compute_dtype = resolve_dtype(options.dtype, str(self.device))
+        if self.compute_dtype == "bfloat16" and self.device.type == "cpu" and not cpu_has_native_bf16():
+            warnings.warn("dtype: bfloat16 on a CPU without native bf16 matmuls (no avx512_bf16/amx_bf16): "
+                          "bf16 autocast is emulated there and much slower than float32 "
+                          "(see docs/performance.md)", RuntimeWarning, stacklevel=2)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
-        self.model.config.use_cache = True
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
+        model.config.use_cache = True
         tok = self.tokenizer
         if tok.eos_token_id is None:
             raise ValueError(f"tokenizer of {model_path!r} has no EOS token; generation could never stop")
         self.eos_ids = {tok.eos_token_id}
-        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         if isinstance(gen_eos, int):
             self.eos_ids.add(gen_eos)
         elif isinstance(gen_eos, list):
             self.eos_ids.update(gen_eos)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        if options.dtype == "bfloat16" and self.device.type == "cpu" and not cpu_has_native_bf16():
-            import warnings
+        if options.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.lora = peft is not None
+        if peft is not None:
+            from peft import LoraConfig, get_peft_model
 
-            warnings.warn("dtype: bfloat16 on a CPU without native bf16 matmuls (no avx512_bf16/amx_bf16): "
-                          "bf16 autocast is emulated there and much slower than float32 "
-                          "(see docs/performance.md)", RuntimeWarning, stacklevel=2)
+            model = get_peft_model(model, LoraConfig(r=peft.r, lora_alpha=peft.lora_alpha,
+                                                     lora_dropout=peft.lora_dropout,
+                                                     target_modules=peft.target_modules, task_type="CAUSAL_LM"))
+        self.model = model
         self.ref_model = None
-        if options.beta > 0:
-            self.ref_model = copy.deepcopy(self.model).eval()
+        if options.beta > 0 and not self.lora:
+            self.ref_model = copy.deepcopy(model).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=options.learning_rate, weight_decay=options.weight_decay,
-            betas=(options.adam_beta1, options.adam_beta2), **_adamw_impl(self.device))
+            [p for p in model.parameters() if p.requires_grad], lr=options.learning_rate,
+            weight_decay=options.weight_decay, betas=(options.adam_beta1, options.adam_beta2),
+            **_adamw_impl(self.device))
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
-        self.version = 0
+        self.rescue_optimizer: torch.optim.Optimizer | None = None
+        self.logits_budget = LOGITS_BUDGET
+        self.generation = generation or GenerationConfig()
+        self.engine: GenerationEngine = self._make_engine()
+
+    def _make_engine(self) -> GenerationEngine:
+        if self.generation.engine == "vllm":
+            from mutualrl.engines.vllm import VLLMEngine
+
+            return VLLMEngine(self)
+        from mutualrl.engines.hf import HFEngine
+
+        return HFEngine(self.model, self.eos_ids, self.pad_id, self.generator, autocast=self._autocast,
+                        share_prompt_prefix=self.share_prompt_prefix)
+
+    def enable_rescue_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        """A second AdamW over the same trainable weights, for supervised (SGT rescue) steps."""
+        if self.rescue_optimizer is None:
+            o = self.options
+            self.rescue_optimizer = torch.optim.AdamW(
+                [p for p in self.model.parameters() if p.requires_grad], lr=lr, weight_decay=o.weight_decay,
+                betas=(o.adam_beta1, o.adam_beta2), **_adamw_impl(self.device))
+        return self.rescue_optimizer
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Use ``lr`` for the next optimizer steps (the schedule is computed by the caller)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def sync_engine(self) -> float:
+        """After an optimizer step: make the sampler use the new weights; returns the seconds taken."""
+        return self.engine.sync_weights()
 
     # ------------------------------------------------------------------ prompts
     @property
@@ -158,125 +228,83 @@ class Policy:
             ids = ids[:-1]
         return list(ids)
 
-    def encode_completion(self, text: str, add_eos: bool = True) -> list[int]:
-        """Token ids of a completion text as this policy would emit it (EOS appended)."""
-        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+    def encode_completion(self, prompt_ids: Sequence[int] | None, text: str, add_eos: bool = True) -> list[int]:
+        """Token ids of a completion text as this policy would emit it after ``prompt_ids`` (EOS
+        appended). With a prompt, THL's prompt-aware encoding is used: SentencePiece-style
+        tokenizers mark a standalone string's first word differently from a continuation."""
+        if prompt_ids:
+            from mutualrl.thl.retokenize import encode_completion
+
+            ids = list(encode_completion(self.tokenizer, list(prompt_ids), text)[0])
+        else:
+            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         if add_eos:
             ids.append(self.tokenizer.eos_token_id)
         return ids
 
-    def _autocast(self):
-        if self.options.dtype == "bfloat16":
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.compute_dtype == "bfloat16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ generation
     def _left_pad(self, seqs: Sequence[Sequence[int]], min_width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(min_width, max(len(s) for s in seqs))
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            if s:
-                ids[i, width - len(s):] = torch.as_tensor(list(s))
-                mask[i, width - len(s):] = 1
-        return ids.to(self.device), mask.to(self.device)
+        return left_pad(seqs, self.pad_id, self.device, min_width)
 
-    @torch.inference_mode()
+    def sampling_params(self, *, greedy: bool = False, max_new_tokens: int | None = None) -> SamplingParams:
+        """This policy's sampling settings (``max_completion_length``, ``temperature``, ``top_p``)."""
+        o = self.options
+        return SamplingParams(max_new_tokens or o.max_completion_length, o.temperature, o.top_p, greedy)
+
     def generate_ids(self, prompt_ids: Sequence[Sequence[int]], *, greedy: bool = False,
                      max_new_tokens: int | None = None) -> tuple[list[list[int]], list[list[float]], list[bool]]:
-        """Sample one completion per prompt (KV cache, left padding). Returns ids, logprobs, finished."""
-        opts = self.options
-        max_new = max_new_tokens or opts.max_completion_length
-        model = self.model
-        was_training = model.training
-        model.eval()
-        uniq, inv = dedupe_prompts(prompt_ids)
-        if not self.share_prompt_prefix:
-            uniq, inv = [list(p) for p in prompt_ids], list(range(len(prompt_ids)))
-        ids, mask = self._left_pad(uniq)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        b = len(prompt_ids)
-        eos = torch.tensor(sorted(self.eos_ids), device=self.device)
-        finished = torch.zeros(b, dtype=torch.bool, device=self.device)
-        out_tok = torch.full((b, max_new), self.pad_id, dtype=torch.long, device=self.device)
-        out_lp = torch.zeros((b, max_new), dtype=torch.float32, device=self.device)
-        lengths = torch.zeros(b, dtype=torch.long, device=self.device)
-        with self._autocast():
-            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        cache_kw = _cache_kwarg(model)
-        past = getattr(out, cache_kw)
-        logits = out.logits[:, -1].float()
-        if len(uniq) < b:  # each distinct prompt was prefilled once: index its cache out to its rows
-            rows = torch.tensor(inv, device=self.device)
-            past.batch_select_indices(rows)
-            mask, pos, logits = mask[rows], pos[rows], logits[rows]
-        for t in range(max_new):
-            if greedy:
-                logp = F.log_softmax(logits, dim=-1)
-                tok = logp.argmax(-1)
-            else:
-                logp = F.log_softmax(logits / opts.temperature, dim=-1)
-                if opts.top_p < 1.0:
-                    logp = _top_p_filter(logp, opts.top_p)
-                tok = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(1)
-            tok_lp = logp.gather(1, tok.unsqueeze(1)).squeeze(1)
-            alive = ~finished
-            out_tok[:, t] = torch.where(alive, tok, torch.full_like(tok, self.pad_id))
-            out_lp[:, t] = torch.where(alive, tok_lp, torch.zeros_like(tok_lp))
-            lengths += alive.long()
-            finished = finished | torch.isin(tok, eos)
-            if bool(finished.all()) or t == max_new - 1:
-                break
-            mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=self.device)], dim=1)
-            pos = pos[:, -1:] + 1
-            with self._autocast():
-                out = model(input_ids=out_tok[:, t:t + 1], attention_mask=mask, position_ids=pos,
-                            use_cache=True, **{cache_kw: past})
-            past = getattr(out, cache_kw)
-            logits = out.logits[:, -1].float()
-        if was_training:
-            model.train()
-        lens = lengths.tolist()
-        toks = out_tok.tolist()
-        lps = out_lp.tolist()
-        fin = finished.tolist()
-        return ([toks[i][:lens[i]] for i in range(b)], [lps[i][:lens[i]] for i in range(b)], fin)
+        """Sample one completion per prompt. Returns ids, behavior log-probs, finished."""
+        g = self.engine.generate(prompt_ids, 1, self.sampling_params(greedy=greedy, max_new_tokens=max_new_tokens))
+        return g.ids, g.logprobs, g.finished
 
     def generate(self, questions: Sequence[str], num_generations: int | None = None, *,
                  greedy: bool = False, batch_size: int | None = None) -> list[Sample]:
-        """Sample ``num_generations`` completions per question (grouped: prompt-major order)."""
+        """Sample ``num_generations`` completions per question (grouped: prompt-major order);
+        at most ``batch_size`` completions go through the engine at once."""
         g = 1 if greedy else (num_generations or self.options.num_generations)
         prompts = [self.encode_prompt(q) for q in questions]
-        flat = [(i, p) for i, p in enumerate(prompts) for _ in range(g)]
+        per_call = max(1, (batch_size or len(prompts) * g) // g)
+        params = self.sampling_params(greedy=greedy)
         samples: list[Sample] = []
-        bs = batch_size or len(flat)
-        for start in range(0, len(flat), bs):
-            chunk = flat[start:start + bs]
-            ids, lps, fin = self.generate_ids([p for _, p in chunk], greedy=greedy)
-            for (i, p), c, lp, f in zip(chunk, ids, lps, fin, strict=True):
+        for start in range(0, len(prompts), per_call):
+            chunk = prompts[start:start + per_call]
+            out = self.engine.generate(chunk, g, params)
+            for k, (c, lp, f) in enumerate(zip(out.ids, out.logprobs, out.finished, strict=True)):
+                i = start + k // g
                 text = self.tokenizer.decode(c, skip_special_tokens=True)
-                samples.append(Sample(i, p, c, text, lp, f))
+                samples.append(Sample(i, prompts[i], c, text, lp, f))
         return samples
 
     # ------------------------------------------------------------------ training-side log-probs
+    def _parts(self, model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """(decoder, LM head) of ``model`` (through a peft wrapper)."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        return base.get_decoder(), base.get_output_embeddings()
+
+    def _head_logprobs(self, head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        softcap = getattr(self.model.config, "final_logit_softcapping", None)
+        return head_logprobs(head, hidden, targets, self.options.temperature, self.logits_budget, softcap)
+
     def _forward_logprobs(self, model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
                           completion_ids: Sequence[Sequence[int]], width: int) -> torch.Tensor:
         uniq, inv = dedupe_prompts(prompt_ids)
-        if (self.share_prompt_prefix and len(uniq) < len(prompt_ids)
+        if (self.share_prompt_prefix and len(uniq) < len(prompt_ids) and not self.options.gradient_checkpointing
                 and max(len(c) for c in completion_ids) <= width):
             return self._forward_logprobs_shared(model, uniq, inv, completion_ids, width)
+        decoder, head = self._parts(model)
         seqs = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
-        # at least width + 1 columns, so the last width + 1 logits exist even when every sequence is
+        # at least width + 1 columns, so the last width + 1 positions exist even when every sequence is
         # shorter than the requested width (e.g. short rescue rows packed to a batch's width)
         ids, mask = self._left_pad(seqs, min_width=width + 1)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         with self._autocast():
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                           logits_to_keep=width + 1).logits
-        logits = logits[:, :-1].float() / self.options.temperature
-        targets = ids[:, -width:]
-        tok_logit = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        return tok_logit - torch.logsumexp(logits, dim=-1)
+            hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
+            return self._head_logprobs(head, hidden[:, -width - 1:-1], ids[:, -width:])
 
     def _forward_logprobs_shared(self, model: torch.nn.Module, uniq: list[list[int]], inv: list[int],
                                  completion_ids: Sequence[Sequence[int]], width: int) -> torch.Tensor:
@@ -286,6 +314,7 @@ class Policy:
         its rows), about ``prompt / (prompt + completion) * (1 - 1/G)`` less forward and backward
         work. Completions are left-aligned after the cached prompt, then laid out right-aligned."""
         dev = self.device
+        decoder, head = self._parts(model)
         b = len(completion_ids)
         lens = torch.tensor([len(c) for c in completion_ids], device=dev)
         cmax = max(1, int(lens.max()))
@@ -299,27 +328,37 @@ class Policy:
                 c_ids[i, :len(c)] = torch.as_tensor(list(c))
                 c_mask[i, :len(c)] = 1
         c_ids, c_mask = c_ids.to(dev), c_mask.to(dev)
-        cache_kw = _cache_kwarg(model)
+        cache_kw = cache_kwarg(decoder)
         with self._autocast():
-            out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True,
-                        logits_to_keep=1)
-        # the prompt's last logit predicts each row's first completion token
-        parts = [_token_logprobs(out.logits[:, -1:][rows], c_ids[:, :1], self.options.temperature)]
-        if cmax > 1:
-            cache = getattr(out, cache_kw)
-            cache.batch_select_indices(rows)
-            mask = torch.cat([p_mask[rows], c_mask], dim=1)
-            pos = p_mask.sum(-1, keepdim=True)[rows] + torch.arange(cmax, device=dev).unsqueeze(0)
-            keep = torch.arange(cmax - 1, device=dev)  # position j predicts completion token j + 1
-            with self._autocast():
-                out2 = model(input_ids=c_ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                             logits_to_keep=keep, **{cache_kw: cache})
-            parts.append(_token_logprobs(out2.logits, c_ids[:, 1:], self.options.temperature))
-        left = torch.cat(parts, dim=1)  # [B, cmax], completion token j in column j
+            out = decoder(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True)
+            # the prompt's last position predicts each row's first completion token
+            first = out.last_hidden_state[:, -1:][rows]
+            if cmax > 1:
+                cache = getattr(out, cache_kw)
+                cache.batch_select_indices(rows)
+                mask = torch.cat([p_mask[rows], c_mask], dim=1)
+                pos = p_mask.sum(-1, keepdim=True)[rows] + torch.arange(cmax, device=dev).unsqueeze(0)
+                out2 = decoder(input_ids=c_ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                               **{cache_kw: cache})
+                # position j predicts completion token j + 1
+                hidden = torch.cat([first, out2.last_hidden_state[:, :-1]], dim=1)
+            else:
+                hidden = first
+            left = self._head_logprobs(head, hidden, c_ids)  # [B, cmax], token j in column j
         j = torch.arange(width, device=dev).unsqueeze(0) - (width - lens).unsqueeze(1)
         valid = j >= 0
         right = left.gather(1, j.clamp(min=0, max=cmax - 1))
         return torch.where(valid, right, torch.zeros_like(right))
+
+    @contextlib.contextmanager
+    def _reference(self) -> Iterator[torch.nn.Module]:
+        if self.ref_model is not None:
+            yield self.ref_model
+        elif self.lora:
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            raise RuntimeError("no reference model: beta == 0")
 
     def logprobs(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
                  width: int | None = None, *, reference: bool = False) -> torch.Tensor:
@@ -327,50 +366,32 @@ class Policy:
 
         Scaled by the sampling temperature, like the behavior log-probs from :meth:`generate`.
         Gradients flow unless called under ``torch.no_grad``. ``reference=True`` uses the frozen
-        reference model (no gradient).
+        reference (the base model with the adapter off, under LoRA; no gradient).
         """
         c = width or max(1, max(len(x) for x in completion_ids))
         if reference:
-            if self.ref_model is None:
-                raise RuntimeError("no reference model: beta == 0")
-            with torch.no_grad():
-                return self._forward_logprobs(self.ref_model, prompt_ids, completion_ids, c)
+            with torch.no_grad(), self._reference() as ref:
+                return self._forward_logprobs(ref, prompt_ids, completion_ids, c)
         return self._forward_logprobs(self.model, prompt_ids, completion_ids, c)
 
     # ------------------------------------------------------------------ persistence
+    def checkpoint_keys(self) -> list[str] | None:
+        """State-dict keys a checkpoint holds: ``None`` for every key (full fine-tuning), or the
+        adapter's keys under LoRA (the base weights come from ``model_path`` again)."""
+        if not self.lora:
+            return None
+        trainable = {id(p) for p in self.model.parameters() if p.requires_grad}
+        return [k for k, v in self.model.state_dict(keep_vars=True).items() if id(v) in trainable]
+
+    def trainable_parameter_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
-
-def dedupe_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[int]]:
-    """Distinct prompts in first-seen order and, per row, the index of its prompt among them."""
-    index: dict[tuple[int, ...], int] = {}
-    inv = []
-    for p in prompt_ids:
-        inv.append(index.setdefault(tuple(p), len(index)))
-    return [list(k) for k in index], inv
-
-
-def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``log softmax(logits / T)`` at ``targets`` (``[B, n, V]``, ``[B, n]`` -> ``[B, n]``), in fp32."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    tok = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return tok - torch.logsumexp(logits, dim=-1)
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU has bf16 matmul instructions (Linux ``/proc/cpuinfo``; True if unknown)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return True
+    def close(self) -> None:
+        """Shut the sampling engine down."""
+        self.engine.close()
 
 
 def _adamw_impl(device: torch.device) -> dict[str, bool]:
@@ -383,21 +404,3 @@ def _adamw_impl(device: torch.device) -> dict[str, bool]:
         except (RuntimeError, TypeError, ValueError):
             pass
     return {}
-
-
-def _cache_kwarg(model: torch.nn.Module) -> str:
-    """The KV-cache argument name of this transformers version (``cache`` or ``past_key_values``)."""
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _top_p_filter(logp: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Renormalised log-probs restricted to the nucleus of mass ``top_p``."""
-    sorted_lp, idx = logp.sort(dim=-1, descending=True)
-    cum = sorted_lp.exp().cumsum(-1)
-    drop_sorted = (cum - sorted_lp.exp()) >= top_p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
-    filtered = logp.masked_fill(drop, -math.inf)
-    return filtered - torch.logsumexp(filtered, dim=-1, keepdim=True)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mutualrl.config import GRPOOptions
-from mutualrl.policy import Policy, dedupe_prompts
+from mutualrl.engines import dedupe_prompts
+from mutualrl.policy import Policy
 
 
 def _policy(path, **kw) -> Policy:

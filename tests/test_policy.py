@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from mutualrl.config import GRPOOptions
-from mutualrl.policy import Policy, _top_p_filter, pack_right, right_mask
+from mutualrl.engines.base import top_p_filter as _top_p_filter
+from mutualrl.policy import Policy, pack_right, right_mask
 
 QUESTIONS = ["Calculate 12 + 34.", "Calculate 98 - 7 and then think about it for a while.", "1+1"]
 MODELS = ["tiny-gpt2", "tiny-llama"]
@@ -155,7 +156,7 @@ def test_logprobs_right_aligned_layout(policies, name):
 
 def test_logprobs_carry_gradient_and_reference(tiny_models):
     pol = Policy("r", str(tiny_models["tiny-llama"]), GRPOOptions(beta=0.1, learning_rate=0.05), seed=0)
-    p, c = [pol.encode_prompt("Calculate 3 + 4.")], [pol.encode_completion("7", True)]
+    p, c = [pol.encode_prompt("Calculate 3 + 4.")], [pol.encode_completion(None, "7")]
     lp = pol.logprobs(p, c)
     assert lp.requires_grad
     ref = pol.logprobs(p, c, reference=True)
@@ -175,7 +176,7 @@ def test_prompt_and_completion_encoding(policies):
     for pol in policies.values():
         ids = pol.encode_prompt("Calculate 3 + 4.")
         assert ids and ids[-1] not in pol.eos_ids
-        comp = pol.encode_completion("7", True)
+        comp = pol.encode_completion(None, "7")
         assert comp[-1] == pol.tokenizer.eos_token_id
         assert pol.tokenizer.decode(comp, skip_special_tokens=True).strip() == "7"
 

@@ -1,0 +1,129 @@
+"""The default engine: mutualrl's KV-cache sampling loop over a Hugging Face causal LM.
+
+Left-padded prompts; a prompt shared by several rows (a GRPO group) is prefilled once and its
+cache indexed out to its rows. Per generated token the loop does one forward of one position, a
+log-softmax, a draw from the seeded generator and a few in-place writes into preallocated buffers;
+it copies to the host only at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from mutualrl.engines.base import (
+    Generation,
+    SamplingParams,
+    cache_kwarg,
+    dedupe_prompts,
+    left_pad,
+    top_p_filter,
+)
+
+
+class HFEngine:
+    """The default engine: a KV-cache sampling loop over a Hugging Face causal LM.
+
+    Args:
+        model: the causal LM (the trainer's own module: there are no weights to sync).
+        eos_ids: token ids that end a completion.
+        pad_id: id written after a row finished.
+        generator: the seeded generator every draw comes from (on the host: CPU and CUDA runs of the
+            same seed draw the same uniforms).
+        autocast: a context manager factory for the compute dtype (e.g. bf16 autocast).
+        share_prompt_prefix: prefill a prompt shared by several rows once.
+    """
+
+    def __init__(self, model: torch.nn.Module, eos_ids: Iterable[int], pad_id: int, generator: torch.Generator,
+                 *, autocast: Any = contextlib.nullcontext, share_prompt_prefix: bool = True) -> None:
+        self.model = model
+        self.eos_ids = sorted(set(int(e) for e in eos_ids))
+        self.pad_id = int(pad_id)
+        self.generator = generator
+        self.autocast = autocast
+        self.share_prompt_prefix = share_prompt_prefix
+        self._cache_kw = cache_kwarg(model)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def sync_weights(self) -> float:
+        return 0.0  # samples from the trained module itself
+
+    def close(self) -> None:
+        pass
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams) -> Generation:
+        rows = [p for p in prompt_ids for _ in range(n)]
+        if not rows:
+            return Generation([], [], [])
+        return self._sample(rows, params)
+
+    @torch.inference_mode()
+    def _sample(self, prompt_ids: list[Sequence[int]], params: SamplingParams) -> Generation:
+        model, dev = self.model, self.device
+        max_new = params.max_new_tokens
+        was_training = model.training
+        model.eval()
+        if self.share_prompt_prefix:
+            uniq, inv = dedupe_prompts(prompt_ids)
+        else:
+            uniq, inv = [list(p) for p in prompt_ids], list(range(len(prompt_ids)))
+        ids, mask_full = left_pad(uniq, self.pad_id, dev, extra=max_new)
+        width = ids.shape[1]
+        pos = (mask_full[:, :width].cumsum(-1) - 1).clamp(min=0)
+        b = len(prompt_ids)
+        eos = torch.tensor(self.eos_ids, device=dev)
+        finished = torch.zeros(b, dtype=torch.bool, device=dev)
+        out_tok = torch.full((b, max_new), self.pad_id, dtype=torch.long, device=dev)
+        out_lp = torch.zeros((b, max_new), dtype=torch.float32, device=dev)
+        lengths = torch.zeros(b, dtype=torch.long, device=dev)
+        with self.autocast():
+            out = model(input_ids=ids, attention_mask=mask_full[:, :width], position_ids=pos, use_cache=True,
+                        logits_to_keep=1)
+        past = getattr(out, self._cache_kw)
+        logits = out.logits[:, -1].float()
+        if len(uniq) < b:  # each distinct prompt was prefilled once: index its cache out to its rows
+            sel = torch.tensor(inv, device=dev)
+            past.batch_select_indices(sel)
+            mask_full, pos, logits = mask_full[sel], pos[sel], logits[sel]
+        pos = pos[:, -1:]
+        steps = 0
+        for t in range(max_new):
+            if params.greedy:
+                logp = F.log_softmax(logits, dim=-1)
+                tok = logp.argmax(-1)
+            else:
+                logp = F.log_softmax(logits / params.temperature, dim=-1)
+                if params.top_p < 1.0:
+                    logp = top_p_filter(logp, params.top_p)
+                probs = logp.exp()
+                if probs.device != self.generator.device:
+                    probs = probs.to(self.generator.device)
+                tok = torch.multinomial(probs, 1, generator=self.generator).squeeze(1).to(dev)
+            tok_lp = logp.gather(1, tok.unsqueeze(1)).squeeze(1)
+            out_tok[:, t] = tok.masked_fill(finished, self.pad_id)
+            out_lp[:, t] = tok_lp.masked_fill(finished, 0.0)
+            lengths += ~finished
+            finished |= torch.isin(tok, eos)
+            steps = t + 1
+            if t == max_new - 1 or bool(finished.all()):
+                break
+            pos = pos + 1
+            with self.autocast():
+                out = model(input_ids=out_tok[:, t:t + 1], attention_mask=mask_full[:, :width + t + 1],
+                            position_ids=pos, use_cache=True, **{self._cache_kw: past})
+            past = getattr(out, self._cache_kw)
+            logits = out.logits[:, -1].float()
+        if was_training:
+            model.train()
+        toks = out_tok[:, :steps].tolist()
+        lps = out_lp[:, :steps].tolist()
+        lens = lengths.tolist()
+        return Generation([toks[i][:lens[i]] for i in range(b)], [lps[i][:lens[i]] for i in range(b)],
+                          finished.tolist())

