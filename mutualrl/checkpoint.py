@@ -23,12 +23,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from mutualrl.faults import fault_point
 
@@ -150,13 +153,133 @@ def verify_checkpoint(ck: str | os.PathLike[str]) -> list[str]:
     for name in state.get("policies", []):
         d = ck / name
         try:
-            load_file(str(d / "model.safetensors"))
-            torch.load(d / "optimizer.pt", weights_only=True)
-            torch.load(d / "rng.pt", weights_only=True)
-            json.loads((d / "state.json").read_text(encoding="utf-8"))
+            load_file(str(d / MODEL_FILE))
+            torch.load(d / OPTIMIZER_FILE, weights_only=True)
+            torch.load(d / RNG_FILE, weights_only=True)
+            json.loads((d / STATE_FILE).read_text(encoding="utf-8"))
         except Exception as exc:  # noqa: BLE001 - report any reason it does not load
             problems.append(f"{d}: {type(exc).__name__}: {exc}")
     return problems
+
+
+# ----------------------------------------------------------------------------- one policy's state
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+RESCUE_OPTIMIZER_FILE = "optimizer_rescue.pt"
+RNG_FILE = "rng.pt"
+STATE_FILE = "state.json"
+
+
+def tied_aliases(module: Any) -> dict[str, str]:
+    """State-dict keys that alias another key's storage (tied weights), mapped to the key kept.
+
+    The first key of each storage (in state-dict order) is kept; e.g. a tied LM head maps
+    ``lm_head.weight`` to ``model.embed_tokens.weight``.
+    """
+    first: dict[tuple[int, int], str] = {}
+    out: dict[str, str] = {}
+    for k, v in module.state_dict(keep_vars=True).items():
+        if v.numel() == 0:
+            continue
+        key = (v.untyped_storage().data_ptr(), v.storage_offset())
+        if key in first:
+            out[k] = first[key]
+        else:
+            first[key] = k
+    return out
+
+
+def save_module(module: Any, path: str | os.PathLike[str], keys: Iterable[str] | None = None) -> list[str]:
+    """Save ``module``'s state (only ``keys`` if given) as safetensors, each tied storage once.
+
+    Returns the keys written. Tensors are copied to contiguous host memory after the aliases are
+    dropped, so the file holds every distinct weight exactly once."""
+    from safetensors.torch import save_file
+
+    aliases = tied_aliases(module)
+    wanted = None if keys is None else set(keys)
+    state = {}
+    for k, v in module.state_dict().items():
+        if k in aliases or (wanted is not None and k not in wanted):
+            continue
+        state[k] = v.detach().to("cpu").contiguous().clone()
+    save_file(state, os.fspath(path))
+    return list(state)
+
+
+def load_module(module: Any, path: str | os.PathLike[str], keys: Iterable[str] | None = None) -> None:
+    """Load a :func:`save_module` file into ``module``, strictly: every expected key (all of the
+    module's keys, or ``keys``) except tied aliases must be in the file, and nothing else may be.
+    Raises :class:`CheckpointError` naming the missing or unexpected keys."""
+    from safetensors.torch import load_file
+
+    sd = load_file(os.fspath(path))
+    aliases = tied_aliases(module)
+    expected = set(module.state_dict()) if keys is None else set(keys)
+    expected -= set(aliases)
+    missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected)
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: weights do not match the model (missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}); was it written for another model?")
+    result = module.load_state_dict(sd, strict=False)
+    left = sorted(set(result.missing_keys) - set(aliases) - (set(module.state_dict()) - expected - set(aliases)))
+    if left:  # pragma: no cover - guarded by the key check above
+        raise CheckpointError(f"{path}: weights not loaded for {left[:5]}")
+
+
+def save_policy_state(directory: str | os.PathLike[str], policy: Any, extra: dict[str, Any]) -> None:
+    """Write one policy's resumable state into ``directory``: its trainable weights (every weight,
+    or only the adapter with LoRA), optimizer state, RNG states (its sampling generator, torch's,
+    Python's and NumPy's) and ``extra`` (JSON-able counters)."""
+    import torch
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    save_module(policy.model, d / MODEL_FILE, policy.checkpoint_keys())
+    torch.save(policy.optimizer.state_dict(), d / OPTIMIZER_FILE)
+    if policy.rescue_optimizer is not None:
+        torch.save(policy.rescue_optimizer.state_dict(), d / RESCUE_OPTIMIZER_FILE)
+    torch.save({"generator": policy.generator.get_state(), "torch": torch.get_rng_state()}, d / RNG_FILE)
+    state = {"python_random": _py_random_state(), "numpy_random": _np_random_state(), **extra}
+    (d / STATE_FILE).write_text(json.dumps(state), encoding="utf-8")
+
+
+def load_policy_state(directory: str | os.PathLike[str], policy: Any) -> dict[str, Any]:
+    """Restore what :func:`save_policy_state` wrote (RNG states included); returns its ``extra``."""
+    import torch
+
+    d = Path(directory)
+    load_module(policy.model, d / MODEL_FILE, policy.checkpoint_keys())
+    policy.optimizer.load_state_dict(torch.load(d / OPTIMIZER_FILE, weights_only=True))
+    if policy.rescue_optimizer is not None:
+        policy.rescue_optimizer.load_state_dict(torch.load(d / RESCUE_OPTIMIZER_FILE, weights_only=True))
+    rng = torch.load(d / RNG_FILE, weights_only=True)
+    policy.generator.set_state(rng["generator"])
+    torch.set_rng_state(rng["torch"])
+    state = json.loads((d / STATE_FILE).read_text(encoding="utf-8"))
+    _set_py_random_state(state.pop("python_random"))
+    _set_np_random_state(state.pop("numpy_random"))
+    return state
+
+
+def _py_random_state() -> list:
+    s = random.getstate()
+    return [s[0], list(s[1]), s[2]]
+
+
+def _set_py_random_state(s: list) -> None:
+    random.setstate((s[0], tuple(s[1]), s[2]))
+
+
+def _np_random_state() -> dict:
+    st = np.random.get_state()
+    return {"keys": st[1].tolist(), "pos": int(st[2]), "has_gauss": int(st[3]), "cached": float(st[4])}
+
+
+def _set_np_random_state(s: dict) -> None:
+    np.random.set_state(("MT19937", np.array(s["keys"], dtype=np.uint32), s["pos"], s["has_gauss"], s["cached"]))
+
+
 
 
 # ----------------------------------------------------------------------------- writing

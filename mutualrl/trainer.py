@@ -87,10 +87,10 @@ class MutualTrainer:
     def preflight(self) -> None:
         """Check what only shows when it is read (data files, model directories) before anything
         is written, so that bad input fails with a :class:`UserError` and leaves no run behind."""
-        from mutualrl.worker import build_task
+        from mutualrl.tasks.build import build_task
 
         try:
-            build_task(self.cfg)
+            build_task(self.cfg.task)
         except (ValueError, OSError) as exc:
             raise UserError(f"task: {exc}") from None
         for i, pol in enumerate(self.cfg.policies):
@@ -114,8 +114,10 @@ class MutualTrainer:
         if self._created_run_dir:
             shutil.rmtree(d, ignore_errors=True)
             return
-        for name in (CHECKPOINTS, "config.yaml", "exchange.db", "exchange.db-wal", "exchange.db-shm"):
-            p = d / name
+        from mutualrl.exchange.url import ExchangeURL
+
+        own_db = ExchangeURL.for_run("sqlite", d).side_files() if self.cfg.exchange == "sqlite" else []
+        for p in [d / CHECKPOINTS, d / "config.yaml", *own_db]:
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
             else:
@@ -227,8 +229,8 @@ class MutualTrainer:
             self._loop(t_start)
         except WorkerFailed as exc:
             ck = latest_checkpoint(self.run_dir) if self.run_dir else None
-            where = f"; last good checkpoint: {ck}" if ck else "; no checkpoint was written yet"
-            raise RuntimeError(f"{exc}{where}. Resume with: mutualrl train --resume {self.run_dir}") from exc
+            raise WorkerFailed(exc.worker, exc.detail, checkpoint=str(ck) if ck else None,
+                               resume=str(self.run_dir)) from exc
         except OSError as exc:
             if exc.errno not in _DISK_ERRNOS or self.run_dir is None:
                 raise
@@ -243,36 +245,96 @@ class MutualTrainer:
         return self.summary(time.perf_counter() - t_start)
 
     def _loop(self, t_start: float) -> None:
-        cfg = self.cfg
         from mutualrl.progress import StepProgress
 
-        with StepProgress(cfg.steps, self.start_step, enabled=self.progress,
-                          names=[p.name for p in cfg.policies]) as bar:
-            if cfg.sync == "async":  # bounded staleness instead of per-phase barriers (MWRA)
-                from mutualrl.allocation.async_loop import run_async
+        with StepProgress(self.cfg.steps, self.start_step, enabled=self.progress,
+                          names=[p.name for p in self.cfg.policies]) as bar:
+            if self.cfg.sync == "async":
+                self._loop_async(bar)
+            else:
+                self._loop_sync(bar)
+            if self.start_step < self.cfg.steps or not any(r.get("event") == "eval" and r["step"] == self.cfg.steps
+                                                           for r in self.history):
+                bar.set_eval(self.evaluate(self.cfg.steps))
 
-                run_async(self, bar)
-                return
-            for step in range(self.start_step, cfg.steps):
-                if step % cfg.eval_every == 0:
-                    bar.set_eval(self.evaluate(step))
-                t0 = time.perf_counter()
-                roll = self.scheduler.call("rollout", step)
-                t1 = time.perf_counter()
-                upd = self.scheduler.call("update", step)
-                t2 = time.perf_counter()
-                rows = []
-                for p, r, u in zip(cfg.policies, roll, upd):
-                    rows.append({"step": step, "policy": p.name, **r, **u,
-                                 "step_rollout_s": t1 - t0, "step_update_s": t2 - t1, "step_s": t2 - t0})
-                self._log(rows)
-                bar.advance(rows)
-                nxt = step + 1
-                if self.run_dir is not None and (nxt % cfg.checkpoint_every == 0 or nxt == cfg.steps):
-                    self.save_checkpoint(nxt)
-            if self.start_step < cfg.steps or not any(r.get("event") == "eval" and r["step"] == cfg.steps
-                                                      for r in self.history):
-                bar.set_eval(self.evaluate(cfg.steps))
+    def _step_done(self, step: int, rows: list[dict[str, Any]], bar: Any) -> None:
+        """Log a finished step (one row per policy) and checkpoint after it when due."""
+        self._log(rows)
+        bar.advance(rows)
+        nxt = step + 1
+        if self.run_dir is not None and (nxt % self.cfg.checkpoint_every == 0 or nxt == self.cfg.steps):
+            self.save_checkpoint(nxt)
+
+    def _loop_sync(self, bar: Any) -> None:
+        """A barrier per phase: every policy rolls out, then every policy updates."""
+        cfg = self.cfg
+        for step in range(self.start_step, cfg.steps):
+            if step % cfg.eval_every == 0:
+                bar.set_eval(self.evaluate(step))
+            t0 = time.perf_counter()
+            roll = self.scheduler.call("rollout", step)
+            t1 = time.perf_counter()
+            upd = self.scheduler.call("update", step)
+            t2 = time.perf_counter()
+            rows = [{"step": step, "policy": p.name, **r, **u, "step_rollout_s": t1 - t0, "step_update_s": t2 - t1,
+                     "step_s": t2 - t0} for p, r, u in zip(cfg.policies, roll, upd, strict=True)]
+            self._step_done(step, rows, bar)
+
+    def _loop_async(self, bar: Any) -> None:
+        """Bounded staleness instead of per-phase barriers (MWRA).
+
+        Each worker runs rollout(s) -> update(s) -> rollout(s+1) ... and may start step ``s`` while
+        the slowest worker has completed ``lo`` steps only if ``s - lo <= sharing.max_staleness``;
+        its queries ignore peer rows older than that. Evaluation and checkpoint steps are barriers
+        (nobody starts one before everyone reached it), so checkpoints stay exact. A step is logged
+        once every policy finished it.
+        """
+        cfg, sch = self.cfg, self.scheduler
+        names = [p.name for p in cfg.policies]
+        k_pol, stale, steps = len(names), cfg.sharing.max_staleness, cfg.steps
+        done = [self.start_step] * k_pol
+        phase: list[str | None] = [None] * k_pol
+        started = [0.0] * k_pol
+        roll_res: dict[int, tuple[dict[str, Any], float]] = {}
+        finished: dict[int, dict[int, dict[str, Any]]] = {}
+        settled = self.start_step
+
+        def barrier(s: int) -> bool:
+            return s % cfg.eval_every == 0 or s % cfg.checkpoint_every == 0
+
+        if settled < steps and settled % cfg.eval_every == 0:
+            bar.set_eval(self.evaluate(settled))
+        while True:
+            lo = min(done)
+            for i in range(k_pol):
+                s = done[i]
+                if phase[i] is not None or s >= steps or s - lo > stale or (s > lo and barrier(s)):
+                    continue
+                started[i] = time.perf_counter()
+                phase[i] = "rollout"
+                sch.submit(i, "rollout", s)
+            if not any(phase):
+                break
+            i, res = sch.collect(cfg.step_timeout_s)
+            s = done[i]
+            now = time.perf_counter()
+            if phase[i] == "rollout":
+                roll_res[i] = (res, now - started[i])
+                phase[i] = "update"
+                sch.submit(i, "update", s)
+                continue
+            roll, roll_s = roll_res.pop(i)
+            finished.setdefault(s, {})[i] = {"step": s, "policy": names[i], **roll, **res, "step_rollout_s": roll_s,
+                                             "step_update_s": now - started[i] - roll_s, "step_s": now - started[i],
+                                             "ahead": s - min(done)}
+            phase[i] = None
+            done[i] += 1
+            while settled < min(done):
+                self._step_done(settled, [finished[settled][j] for j in range(k_pol)], bar)
+                del finished[settled]
+                settled += 1
+                if settled < steps and settled % cfg.eval_every == 0:
+                    bar.set_eval(self.evaluate(settled))
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         evals = [r for r in self.history if r.get("event") == "eval"]

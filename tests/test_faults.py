@@ -189,8 +189,9 @@ def test_hostile_peer_rows_rejected_or_neutralised(tiny_models: dict[str, Path])
     for r in recs:
         prob = by_prompt[r.prompt_id]
         g = OwnGroup(prob, [1], [[1], [1]], [[-1.0], [-1.0]], [0.0, 0.0], [0.0, 0.0])
-        ctx = ShareContext([g], PeerRows.from_records([r]), task, GRPOOptions(num_generations=2),
-                           SharingConfig(strategy="sgt"), lambda text, eos: [1, 2])
+        ctx = ShareContext([g], PeerRows.from_records([r]), GRPOOptions(num_generations=2),
+                           SharingConfig(strategy="sgt"),
+                           lambda ps, cs: task.rewards(ps, [p.question for p in ps], cs), lambda prompt, text: [1, 2])
         batch = build_batch("sgt", ctx)
         rescued += sum(row.kind == "rescue" for row in batch.rows)
         assert batch.metrics["sgt_refused"] == 1
@@ -291,3 +292,31 @@ def test_failing_reward_functions_give_zero_and_are_counted(tiny_models: dict[st
     for r in last.values():
         assert r["reward_fn_raised"] > 0 and r["reward_fn_non_finite"] > 0 and r["reward_fn_timed_out"] > 0
         assert 0.0 <= r["reward_mean"] <= 1.0
+
+
+def test_tied_embedding_checkpoint_round_trips_strictly(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """The Llama zoo family ties its LM head to the embedding: the file holds the storage once, a
+    strict load restores every weight with the tie intact, and a file missing a key is refused."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from mutualrl.checkpoint import CheckpointError, load_module, save_module, tied_aliases
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["tiny-llama"])
+    assert tied_aliases(model) == {"lm_head.weight": "model.embed_tokens.weight"}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    keys = save_module(model, tmp_path / "m.safetensors")
+    assert "lm_head.weight" not in keys and "model.embed_tokens.weight" in keys
+    fresh = AutoModelForCausalLM.from_pretrained(tiny_models["tiny-llama"])
+    load_module(fresh, tmp_path / "m.safetensors")
+    for (k, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items(), strict=True):
+        assert torch.equal(a, b), k
+    assert fresh.lm_head.weight.data_ptr() == fresh.model.embed_tokens.weight.data_ptr()
+    sd = load_file(tmp_path / "m.safetensors")
+    sd.pop("model.norm.weight")
+    save_file(sd, tmp_path / "broken.safetensors")
+    with pytest.raises(CheckpointError, match="model.norm.weight"):
+        load_module(fresh, tmp_path / "broken.safetensors")

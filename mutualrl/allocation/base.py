@@ -16,11 +16,20 @@ from mutualrl.config import RunConfig
 
 
 class WorkerFailed(RuntimeError):
-    """A policy worker died, hung past the timeout or raised; ``worker`` names it."""
+    """A policy worker died, hung past the timeout or raised.
 
-    def __init__(self, worker: str, message: str) -> None:
+    ``worker`` names it, ``detail`` says what happened; the trainer re-raises it with
+    ``checkpoint`` set to the run's last good checkpoint (None when there is none yet)."""
+
+    def __init__(self, worker: str, detail: str, *, checkpoint: str | None = None, resume: str | None = None) -> None:
         self.worker = worker
-        super().__init__(f"policy worker {worker!r} failed: {message}")
+        self.detail = detail
+        self.checkpoint = checkpoint
+        tail = ""
+        if resume is not None:
+            where = f"last good checkpoint: {checkpoint}" if checkpoint else "no checkpoint was written yet"
+            tail = f"; {where}. Resume with: mutualrl train --resume {resume}"
+        super().__init__(f"policy worker {worker!r} failed: {detail}{tail}")
 
 
 class Scheduler(ABC):
@@ -36,22 +45,16 @@ class Scheduler(ABC):
     def call(self, method: str, *args: Any) -> list[Any]:
         """Call ``method(*args)`` on every worker (concurrently where possible), in policy order."""
 
+    @abstractmethod
     def call_one(self, index: int, method: str, *args: Any) -> Any:
-        """Call ``method`` on one worker (default: via :meth:`call` semantics)."""
-        raise NotImplementedError
+        """Call ``method(*args)`` on worker ``index``; a failure raises :class:`WorkerFailed`."""
 
     # asynchronous use (the trainer's ``sync: async`` mode): one call in flight per worker
     def submit(self, index: int, method: str, *args: Any) -> None:
         """Start ``method(*args)`` on worker ``index`` without waiting (default: run it now)."""
         if not hasattr(self, "_done"):
             self._done: deque[tuple[int, Any]] = deque()
-        try:
-            result = self.call_one(index, method, *args)
-        except WorkerFailed:
-            raise
-        except Exception as exc:  # name the worker, as call() does
-            raise WorkerFailed(str(index), f"{type(exc).__name__}: {exc}") from exc
-        self._done.append((index, result))
+        self._done.append((index, self.call_one(index, method, *args)))
 
     def collect(self, timeout: float) -> tuple[int, Any]:
         """Wait for the next finished submitted call: ``(worker index, result)``.
@@ -69,7 +72,7 @@ class Scheduler(ABC):
 
 
 class SequentialScheduler(Scheduler):
-    """All workers in this process, called one after another (K = 1, ``--workers 1``, tests)."""
+    """All workers in this process, called one after another (the default: ``scheduler: sequential``)."""
 
     name = "sequential"
 
@@ -80,12 +83,13 @@ class SequentialScheduler(Scheduler):
     def start(self, cfg: RunConfig, run_dir: Path | None) -> list[dict[str, Any]]:
         import torch
 
-        from mutualrl.worker import PolicyWorker, exchange_url
+        from mutualrl.exchange import ExchangeURL
+        from mutualrl.worker import PolicyWorker
 
         threads = self.threads or cfg.threads
         if threads:
             torch.set_num_threads(threads)
-        if exchange_url(cfg, run_dir) == "memory://":
+        if ExchangeURL.for_run(cfg.exchange, run_dir) == ExchangeURL("memory", ""):
             # a bare memory:// store is private to whoever opens it: give this run's workers one
             # shared store, named uniquely so that no earlier run's rows are visible
             import dataclasses
@@ -96,16 +100,14 @@ class SequentialScheduler(Scheduler):
         return [w.info() for w in self.workers]
 
     def call(self, method: str, *args: Any) -> list[Any]:
-        out = []
-        for w in self.workers:
-            try:
-                out.append(getattr(w, method)(*args))
-            except Exception as exc:  # name the worker; the trainer turns this into a clear stop
-                raise WorkerFailed(w.name, f"{type(exc).__name__}: {exc}") from exc
-        return out
+        return [self.call_one(i, method, *args) for i in range(len(self.workers))]
 
     def call_one(self, index: int, method: str, *args: Any) -> Any:
-        return getattr(self.workers[index], method)(*args)
+        w = self.workers[index]
+        try:
+            return getattr(w, method)(*args)
+        except Exception as exc:  # name the worker; the trainer turns this into a clear stop
+            raise WorkerFailed(w.name, f"{type(exc).__name__}: {exc}") from exc
 
     def close(self) -> None:
         for w in self.workers:

@@ -27,6 +27,7 @@ from mutualrl.allocation.adaptive import AdaptivePlan
 from mutualrl.allocation.base import Scheduler, WorkerFailed
 from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.config import RunConfig
+from mutualrl.exchange.url import ExchangeURL
 
 
 @dataclass
@@ -41,19 +42,6 @@ class _Proc:
     inflight: tuple[int, str, float] | None = None
     """(request id, method, deadline) of the call in flight."""
     replies: list[dict[str, Any]] = field(default_factory=list)
-
-
-def exchange_for_processes(cfg: RunConfig, run_dir: Path | None, scratch: Path) -> str:
-    """An exchange URL every worker process can open: ``memory://`` is per process, so a run
-    without a run directory gets a sqlite file in ``scratch``."""
-    ex = cfg.exchange
-    if ex == "sqlite":
-        base = Path(run_dir) if run_dir is not None else scratch
-        return f"sqlite:///{(base / 'exchange.db').resolve()}"
-    if ex.startswith("memory://"):
-        base = Path(run_dir) if run_dir is not None else scratch
-        return f"sqlite:///{(base / 'exchange.db').resolve()}"
-    return ex
 
 
 def log_tail(path: Path, n_bytes: int = 1500) -> str:
@@ -112,7 +100,8 @@ class LocalScheduler(Scheduler):
         self.plan.say(self.plan.allocation.describe())
         self._scratch = Path(tempfile.mkdtemp(prefix="mutualrl-local-"))
         data = cfg.to_dict()
-        data["exchange"] = exchange_for_processes(cfg, self.run_dir, self._scratch)
+        data["exchange"] = str(ExchangeURL.for_run(cfg.exchange, self.run_dir).shared_by_processes(
+            self.run_dir, self._scratch))
         logs = (self.run_dir / "logs") if self.run_dir is not None else self._scratch
         logs.mkdir(parents=True, exist_ok=True)
         try:

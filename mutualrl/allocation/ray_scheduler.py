@@ -175,14 +175,14 @@ class RayScheduler(Scheduler):
         """The exchange URL for the workers (see the module doc)."""
         if self.exchange_override:
             return self.exchange_override
-        ex = cfg.exchange
-        if ex not in ("sqlite",) and not ex.startswith("memory://"):
-            return ex
-        base = self.run_dir
-        if base is None:
+        from mutualrl.exchange.url import ExchangeURL
+
+        ex = ExchangeURL.for_run(cfg.exchange, self.run_dir)
+        if ex.scheme != "memory":
+            return str(ex)
+        if self.run_dir is None:
             self._scratch = tempfile.mkdtemp(prefix="mutualrl-ray-")
-            base = Path(self._scratch)
-        db = f"sqlite:///{(base / 'exchange.db').resolve()}"
+        db = str(ex.shared_by_processes(self.run_dir, self._scratch or "."))
         if len(resources.nodes) <= 1:
             return db
         from mutualrl.exchange import open_exchange
