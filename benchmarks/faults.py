@@ -346,8 +346,8 @@ def hostile_check(work: Path, models: dict[str, Path], steps: int, per_kind: int
         if r.kind == "verified_success":
             g = OwnGroup(prob, [1], [[1]] * 2, [[-1.0]] * 2, [0.0, 0.0], [0.0, 0.0])  # a failed group
             peers = PeerRows.from_records([r])
-            ctx = ShareContext([g], peers, learner.task, learner.options, cfg.sharing,
-                               lambda text, eos: learner.policy.encode_completion(text, eos))
+            ctx = ShareContext([g], peers, learner.options, cfg.sharing, learner.score,
+                               learner.policy.encode_completion)
             batch = build_batch("sgt", ctx)
             n = sum(row.kind == "rescue" for row in batch.rows)
             ok = learner.task.is_success(learner.task.verify(prob, r.completion))

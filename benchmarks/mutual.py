@@ -1,10 +1,14 @@
-"""Mutual training on the embedded default: every arm on the same seeds, steps and prompts.
+"""Mutual training on the embedded default: every arm on the same seeds, steps, prompts and budget.
 
-    python benchmarks/mutual.py [--quick] [--seeds 0,1,2] [--steps N] [--arms ...]
+    python benchmarks/mutual.py [--quick] [--seeds 0,1,2] [--steps N] [--arms ...] [--jobs 2]
 
-Writes benchmarks/results/mutual.json (or mutual_quick.json with --quick) with, per arm, the
-average held-out accuracy at the end (mean and std over seeds), the best, per-policy finals and
-wall time, plus the report (table + curves) under benchmarks/results/mutual_report/.
+Every arm runs the demo's config (two zoo policies, the zoo task, the same prompts per step and
+group size, so the same rollout budget) with only ``sharing.strategy`` changed. Writes
+``benchmarks/results/mutual.json`` (``mutual_quick.json`` with ``--quick``): per arm, average
+held-out accuracy initial/final/best and ``avg_gain_pts`` (mean, spread and values over seeds),
+per-policy and per-skill initial and final accuracy, SGT rescue rows used, wall time; the deltas
+against ``independent``; the report (table + curves) under ``benchmarks/results/mutual_report/``.
+Runs go ``--jobs`` at a time in their own processes (torch threads = cores / jobs).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seeds", default=None)
     ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--arms", default="independent,prp,xgrpo,sgt")
+    ap.add_argument("--arms", default="independent,prp,xgrpo,sgt,xgrpo+sgt")
     ap.add_argument("--out", default="runs/bench_mutual")
     ap.add_argument("--name", default=None, help="result name (default mutual / mutual_quick)")
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (each in its own process, "
@@ -49,6 +53,7 @@ def main() -> None:
     arms = [a.strip() for a in args.arms.split(",")]
     out = Path(args.out) / ("quick" if args.quick else "full")
     t0 = time.perf_counter()
+    load_start = os.getloadavg()[0]
     build_zoo(DEMO_POLICIES, seed=0, progress=False)
     run_dirs, wall = [], {a: [] for a in arms}
     jobs = [(arm, seed, out / f"{arm}-seed{seed}") for seed in seeds for arm in arms]  # arms alternate
@@ -80,9 +85,13 @@ def main() -> None:
     runs = [load_run(d) for d in run_dirs]
     summ = summarize(runs)
     name = args.name or ("mutual_quick" if args.quick else "mutual")
-    write_report(run_dirs, RESULTS / f"{name}_report", title=f"mutualrl {name}")
+    cfg0 = _config("independent", 0, args)
+    write_report(run_dirs, RESULTS / f"{name}_report", title=f"mutualrl {name}",
+                 notes=[f"Config: {cfg0['prompts_per_step']} prompts x {cfg0['grpo']['num_generations']} samples per "
+                        f"step, lr {cfg0['grpo']['learning_rate']}, reward {cfg0['task'].get('reward', 'score')}."])
     base = summ.get("independent", {}).get("avg_test_acc_final", {}).get("mean")
-    print(f"\n{'arm':<14}{'final avg acc':>16}{'std':>8}{'best':>8}{'Δ vs indep':>12}{'wall s':>9}")
+    print(f"\n{'arm':<14}{'final avg acc':>16}{'std':>8}{'gain pts':>10}{'min gain':>10}{'Δ vs indep':>12}"
+          f"{'wall s':>9}")
     for arm in arms:
         s = summ.get(arm)
         if not s:
@@ -90,17 +99,21 @@ def main() -> None:
         f = s["avg_test_acc_final"]
         s["wall_s"] = statistics.fmean(wall[arm])
         d = f"{100 * (f['mean'] - base):+.1f}" if base is not None else "n/a"
-        print(f"{arm:<14}{f['mean']:>16.3f}{f['std']:>8.3f}{s['avg_test_acc_best']['mean']:>8.3f}{d:>12}"
-              f"{s['wall_s']:>9.0f}")
-    cfg0 = _config("independent", 0, args)
+        print(f"{arm:<14}{f['mean']:>16.3f}{f['std']:>8.3f}{s['avg_gain_pts']['mean']:>+10.1f}"
+              f"{s['avg_gain_pts']['min']:>+10.1f}{d:>12}{s['wall_s']:>9.0f}")
+    mach = machine()
+    mach["load_avg"] = {"start": load_start, "end": os.getloadavg()[0]}
     write_result(name, {
         "policies": DEMO_POLICIES, "tasks": ["basic_arithmetic:add", "basic_arithmetic:sub"],
-        "seeds": seeds, "steps": cfg0["steps"], "config": cfg0, "arms": summ,
-        "targets": {"sgt_minus_independent_pts": 10, "xgrpo_minus_independent_pts": 0,
+        "seeds": seeds, "steps": cfg0["steps"], "prompts_per_step": cfg0["prompts_per_step"],
+        "num_generations": cfg0["grpo"]["num_generations"], "eval_size": cfg0["eval_size"], "config": cfg0,
+        "arms": summ,
+        "targets": {"independent_avg_gain_pts": 5, "sgt_minus_independent_pts": 10, "xgrpo_minus_independent_pts": 0,
                     "prp_minus_independent_pts": -2},
         "deltas_pts": {a: 100 * (summ[a]["avg_test_acc_final"]["mean"] - base) for a in summ} if base is not None
         else {},
-        "machine": machine(), "quick": args.quick, "wall_s": time.perf_counter() - t0, "git_rev": git_rev(),
+        "machine": mach, "jobs": args.jobs, "quick": args.quick, "wall_s": time.perf_counter() - t0,
+        "git_rev": git_rev(),
     })
 
 

@@ -190,7 +190,7 @@ def child_mutualrl(s: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for i, r in enumerate(steps):
         step = int(r["step"])
-        p_lens = [len(worker.prompt_ids(p)) for p in worker.problems(step)]
+        p_lens = [len(worker.policy.encode_prompt(p.question)) for p in worker.problems(step)]
         g = s["num_generations"]
         wall = stamps[i + 1] - stamps[i]
         rows.append({"step_s": wall, "cpu_s": cpu[i + 1] - cpu[i], "generate_s": r["generate_s"], "rollout_s": r["rollout_s"],

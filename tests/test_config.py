@@ -59,6 +59,21 @@ BAD_CASES = [
     ("task.answer_extraction", "regex:(", "task.answer_extraction", ["regular expression"]),
     ("task.answer_extraction", "lastnumber", "task.answer_extraction", ["last_number"]),
     ("exchange", "redis://x", "exchange", ["sqlite"]),
+    # each field is named exactly, with the bad value
+    ("sharing.sgt_lambda", -1.0, "sharing.sgt_lambda", [">= 0", "-1.0"]),
+    ("sharing.prp_peer_weight", -0.5, "sharing.prp_peer_weight", [">= 0", "-0.5"]),
+    ("sharing.prp_ratio_clip", 0.0, "sharing.prp_ratio_clip", ["> 0", "0.0"]),
+    ("task.train_size", 0, "task.train_size", ["positive", "0"]),
+    ("task.test_size", -3, "task.test_size", ["positive", "-3"]),
+    ("grpo.warmup_ratio", 1.5, "grpo.warmup_ratio", ["[0, 1)", "1.5"]),
+    ("grpo.adam_beta2", 1.0, "grpo.adam_beta2", ["[0, 1)"]),
+    ("grpo.dynamic_sampling", "resampled", "grpo.dynamic_sampling", ["did you mean 'resample'"]),
+    ("task.reward", "partial", "task.reward", ["'score'", "'exact'"]),
+    ("report_to", "wandb", "report_to", ["tensorboard", "wandb"]),
+    ("policies.0.device", "gpu0", "policies[0].device", ["cuda:N", "gpu0"]),
+    ("policies.0.generation", {"gpu_memory_utilization": 1.5}, "policies[0].generation.gpu_memory_utilization",
+     ["(0, 1]", "1.5"]),
+    ("policies.0.peft", {"r": 0}, "policies[0].peft.r", ["positive"]),
 ]
 
 
@@ -71,6 +86,31 @@ def test_bad_field_raises_config_error_naming_it(good, path, value, field, words
     assert f"'{field}'" in msg
     for w in words:
         assert w in msg
+
+
+def test_trl_names_are_accepted(good):
+    cfg = {k: v for k, v in good.items() if k not in ("steps", "eval_every", "checkpoint_every")}
+    cfg.update(max_steps=7, eval_steps=3, save_steps=2, report_to=["tensorboard"])
+    cfg["grpo"] = dict(good["grpo"], loss_type="bnpo")
+    c = load_config(cfg)
+    assert (c.steps, c.eval_every, c.checkpoint_every, c.tensorboard) == (7, 3, 2, True)
+    assert load_config(dict(cfg, report_to="none")).tensorboard is False
+    for lt in ("grpo", "bnpo", "dr_grpo", "dapo"):
+        assert load_config(dict(cfg, grpo=dict(cfg["grpo"], loss_type=lt))).grpo.loss_type == lt
+    with pytest.raises(ConfigError) as info:
+        load_config(dict(cfg, steps=5))
+    assert info.value.field == "max_steps" and "not both" in str(info.value)
+
+
+def test_devices_this_machine_lacks_are_config_errors(good):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    for where, field in (("device", "device"), ("policies.0.device", "policies[0].device")):
+        with pytest.raises(ConfigError) as info:
+            load_config(_bad(good, where, "cuda:3"))
+        assert info.value.field == field and "CUDA is not available" in str(info.value)
 
 
 def test_unknown_reasoning_gym_dataset(good):

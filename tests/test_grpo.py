@@ -10,7 +10,6 @@ import torch
 from mutualrl.algorithms.grpo import (
     ADV_EPS,
     aggregate,
-    group_advantages,
     grpo_loss,
     k3_kl,
     pooled_advantages,
@@ -22,40 +21,45 @@ from mutualrl.algorithms.grpo import (
 ADV_1001 = 0.8658754
 
 
-def test_group_advantages_group_std_unbiased_with_eps():
-    adv = group_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]), "group")
+def test_group_scale_uses_the_unbiased_std_with_eps():
+    own = [1.0, 0.0, 0.0, 1.0]
+    adv = pooled_advantages(own, own, "group")  # what the base step of every strategy computes
     assert ADV_EPS == 1e-4
-    assert adv[0].tolist() == pytest.approx([ADV_1001, -ADV_1001, -ADV_1001, ADV_1001], abs=1e-6)
+    assert adv == pytest.approx([ADV_1001, -ADV_1001, -ADV_1001, ADV_1001], abs=1e-6)
     # population std (0.5) would give 0.9998 instead: make sure the unbiased one is used
-    assert abs(adv[0, 0].item() - 0.5 / (0.5 + 1e-4)) > 0.1
+    assert abs(adv[0] - 0.5 / (0.5 + 1e-4)) > 0.1
 
 
-def test_group_advantages_zero_variance_group_is_zero():
-    adv = group_advantages(torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]), "group")
-    assert torch.equal(adv, torch.zeros(2, 3))
+def _base_batch(groups, scale):
+    from mutualrl.algorithms.sharing import OwnGroup, PeerRows, ShareContext, build_batch
+    from mutualrl.config import GRPOOptions, SharingConfig
+    from mutualrl.tasks.base import Problem
+
+    own = [OwnGroup(Problem(f"t/{i}", "q", "1", "t"), [1], [[2]] * len(r), [[-1.0]] * len(r), r, r)
+           for i, r in enumerate(groups)]
+    ctx = ShareContext(own, PeerRows(), GRPOOptions(scale_rewards=scale), SharingConfig(), lambda p, c: ([], []),
+                       lambda p, t: [])
+    return [row.advantage for row in build_batch("independent", ctx).rows]
 
 
-def test_group_advantages_batch_scale():
-    # group means 0.5 and 0.75 centre each row; the scale is the std of all eight rewards:
+def test_batch_scale_is_the_std_of_every_reward_of_the_step():
+    # group means 0.5 and 0.75 centre each group; the scale is the std of all eight rewards:
     # mean 5/8, unbiased var = (5 * 0.375^2 + 3 * 0.625^2) / 7 = 1.875 / 7 -> std 0.5175492
-    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
-    adv = group_advantages(r, "batch")
+    adv = _base_batch([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]], "batch")
     s = 0.5175492 + 1e-4
-    assert adv[0].tolist() == pytest.approx([0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s], abs=1e-5)
-    assert adv[1].tolist() == pytest.approx([0.4829526, 0.4829526, 0.4829526, -1.4488577], abs=1e-5)
+    assert adv[:4] == pytest.approx([0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s], abs=1e-5)
+    assert adv[4:] == pytest.approx([0.4829526, 0.4829526, 0.4829526, -1.4488577], abs=1e-5)
 
 
-def test_group_advantages_none_is_centred_only():
-    r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [2.0, 0.0, 1.0, 1.0]])
-    adv = group_advantages(r, "none")
-    assert adv.tolist() == [[0.75, -0.25, -0.25, -0.25], [1.0, -1.0, 0.0, 0.0]]
+def test_zero_variance_groups_get_zero_advantage_and_none_only_centres():
+    assert _base_batch([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]], "group") == [0.0] * 6
+    adv = _base_batch([[1.0, 0.0, 0.0, 0.0], [2.0, 0.0, 1.0, 1.0]], "none")
+    assert adv == [0.75, -0.25, -0.25, -0.25, 1.0, -1.0, 0.0, 0.0]
 
 
-def test_group_advantages_rejects_bad_inputs():
+def test_unknown_scale_is_refused():
     with pytest.raises(ValueError, match="scale_rewards"):
-        group_advantages(torch.zeros(1, 2), "grouped")
-    with pytest.raises(ValueError, match="num_prompts"):
-        group_advantages(torch.zeros(4), "group")
+        pooled_advantages([1.0, 0.0], [1.0, 0.0], "grouped")
 
 
 def test_pooled_advantages_equals_group_when_pool_is_own():

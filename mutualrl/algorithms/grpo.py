@@ -3,8 +3,8 @@
 Conventions (TRL-compatible names): ``scale_rewards`` in {group, batch, none}; ``epsilon`` /
 ``epsilon_high`` clip the ratio to ``[1 - epsilon, 1 + epsilon_high]``; k3 KL
 ``exp(ref - logp) - (ref - logp) - 1`` weighted by ``beta``; aggregation ``loss_type`` in
-{grpo (per-sequence mean, then mean over sequences), token_mean (mean over all tokens),
-dr_grpo (sum over tokens / (sequences x max_completion_length))}.
+{grpo (per-sequence mean, then mean over sequences), bnpo / dapo / token_mean (mean over all tokens
+of the batch), dr_grpo (sum over tokens / (sequences x max_completion_length))}.
 
 Off-policy rows (PRP peer samples) do not use the PPO clip: their per-token coefficient is a
 *truncated importance weight* ``w`` computed by the strategy from THL chunk ratios, and their
@@ -19,23 +19,6 @@ from dataclasses import dataclass
 import torch
 
 ADV_EPS = 1e-4
-
-
-def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group") -> torch.Tensor:
-    """Advantages for rewards shaped ``[num_prompts, G]``: (r - group mean) / scale."""
-    if rewards.dim() != 2:
-        raise ValueError(f"rewards must be [num_prompts, G], got shape {tuple(rewards.shape)}")
-    mean = rewards.mean(dim=1, keepdim=True)
-    centred = rewards - mean
-    if scale_rewards == "group":
-        std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)
-        return centred / (std + ADV_EPS)
-    if scale_rewards == "batch":
-        std = rewards.std() if rewards.numel() > 1 else torch.tensor(0.0)
-        return centred / (std + ADV_EPS)
-    if scale_rewards == "none":
-        return centred
-    raise ValueError(f"scale_rewards must be group, batch or none, got {scale_rewards!r}")
 
 
 def pooled_advantages(own: Sequence[float], pool: Sequence[float], scale_rewards: str = "group",
@@ -76,11 +59,11 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, max_c
     if loss_type == "grpo":
         per_seq = (per_token * m).sum(1) / m.sum(1).clamp(min=1.0)
         return per_seq.mean()
-    if loss_type == "token_mean":
+    if loss_type in ("bnpo", "dapo", "token_mean"):  # one process: the batch's tokens are all the tokens
         return (per_token * m).sum() / m.sum().clamp(min=1.0)
     if loss_type == "dr_grpo":
         return (per_token * m).sum() / (per_token.shape[0] * max_completion_length)
-    raise ValueError(f"loss_type must be grpo, token_mean or dr_grpo, got {loss_type!r}")
+    raise ValueError(f"loss_type must be grpo, bnpo, dapo, dr_grpo or token_mean, got {loss_type!r}")
 
 
 def grpo_loss(

@@ -39,18 +39,33 @@ def _chunk_weights(rows: list[TrainRow], cur_logp: torch.Tensor, width: int, cli
     return w, stats
 
 
-def train_on_batch(policy: Policy, batch: TrainBatch, *, prp_ratio_clip: float = 1.0) -> dict[str, float]:
-    """Run ``num_iterations`` optimizer steps on ``batch``; return loss statistics."""
+def _rescue_loss(policy: Policy, rescue: list[TrainRow], lp: torch.Tensor, width: int,
+                 n_prompts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """lambda-weighted, length-normalised NLL of the rescue rows, summed, over the step's prompts."""
+    mask = right_mask([len(r.completion_ids) for r in rescue], width).to(policy.device)
+    nll = sequence_nll(lp, mask)
+    lam = torch.tensor([r.weight for r in rescue], device=policy.device)
+    return (lam * nll).sum() / max(1, n_prompts), nll
+
+
+def train_on_batch(policy: Policy, batch: TrainBatch, *, prp_ratio_clip: float = 1.0,
+                   rescue_lr: float | None = None) -> dict[str, float]:
+    """Run ``num_iterations`` optimizer steps on ``batch``; return loss statistics.
+
+    Rescue rows (SGT) join the GRPO step's loss, or, with ``rescue_lr``, get an optimizer step of
+    their own afterwards (``policy.rescue_optimizer`` at that learning rate).
+    """
     opts = policy.options
     rl_rows = [r for r in batch.rows if r.kind in ("own", "peer")]
     rescue = [r for r in batch.rows if r.kind == "rescue"]
+    n_prompts = batch.n_prompts or max(1, len(rl_rows) // max(1, opts.num_generations))
+    separate = rescue_lr is not None and bool(rescue)
     stats: dict[str, float] = {}
     if not rl_rows and not rescue:
         return {"loss": 0.0}
     model = policy.model
     model.train()
-    width = max(len(r.completion_ids) for r in batch.rows) if batch.rows else 1
-    width = max(width, 1)
+    width = max(max(len(r.completion_ids) for r in batch.rows), 1)
     if rl_rows:
         lens = [len(r.completion_ids) for r in rl_rows]
         mask = right_mask(lens, width).to(policy.device)
@@ -65,12 +80,9 @@ def train_on_batch(policy: Policy, batch: TrainBatch, *, prp_ratio_clip: float =
                                   width, reference=True)
         is_w = None
         has_peer = bool(offpolicy.any())
-    rescue_mask = None
-    if rescue:
-        rescue_mask = right_mask([len(r.completion_ids) for r in rescue], width).to(policy.device)
-    # RL rows and rescue rows go through one forward pass (they share prompts: see Policy.logprobs)
-    all_rows = rl_rows + rescue
-    for it in range(opts.num_iterations):
+    # RL rows and (joined) rescue rows go through one forward pass (they share prompts: Policy.logprobs)
+    all_rows = rl_rows + ([] if separate else rescue)
+    for it in range(opts.num_iterations if all_rows else 0):
         policy.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=policy.device)
         lp_all = policy.logprobs([r.prompt_ids for r in all_rows], [r.completion_ids for r in all_rows], width)
@@ -92,11 +104,8 @@ def train_on_batch(policy: Policy, batch: TrainBatch, *, prp_ratio_clip: float =
             total = total + out.loss
             stats.update({k: v for k, v in out.stats.items()})
             stats["pg_loss"] = float(out.loss.detach())
-        if rescue:
-            nll = sequence_nll(lp_all[len(rl_rows):], rescue_mask)
-            lam = torch.tensor([r.weight for r in rescue], device=policy.device)
-            # lambda-weighted mean NLL over rescue rows, scaled by the share of rescue rows in the batch
-            sgt = (lam * nll).sum() / max(1, len(rl_rows) // max(1, opts.num_generations))
+        if rescue and not separate:
+            sgt, nll = _rescue_loss(policy, rescue, lp_all[len(rl_rows):], width, n_prompts)
             total = total + sgt
             stats["sgt_nll"] = float(nll.detach().mean())
         if not total.requires_grad:
@@ -106,5 +115,17 @@ def train_on_batch(policy: Policy, batch: TrainBatch, *, prp_ratio_clip: float =
         stats["grad_norm"] = float(gn)
         policy.optimizer.step()
         stats["loss"] = float(total.detach())
-    policy.version += 1
+    if separate:
+        opt = policy.enable_rescue_optimizer(rescue_lr)
+        for group in opt.param_groups:
+            group["lr"] = rescue_lr
+        opt.zero_grad(set_to_none=True)
+        rw = max(len(r.completion_ids) for r in rescue)
+        lp = policy.logprobs([r.prompt_ids for r in rescue], [r.completion_ids for r in rescue], rw)
+        sgt, nll = _rescue_loss(policy, rescue, lp, rw, n_prompts)
+        sgt.backward()
+        torch.nn.utils.clip_grad_norm_(policy.model.parameters(), opts.max_grad_norm)
+        opt.step()
+        stats["sgt_nll"] = float(nll.detach().mean())
+        stats["sgt_loss"] = float(sgt.detach())
     return stats

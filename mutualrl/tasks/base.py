@@ -18,6 +18,11 @@ from typing import Any, Protocol
 SUCCESS_THRESHOLD = 0.999
 """A completion counts as a *success* (accuracy, SGT) when its verifier score reaches this."""
 
+REWARD_MODES: tuple[str, ...] = ("score", "exact")
+"""How a verifier score becomes the reward: ``score`` passes it through (reasoning-gym gives
+partial credit, e.g. 0.67 for ``570`` when the answer is ``57``), ``exact`` gives 1 for a success
+(score >= :data:`SUCCESS_THRESHOLD`) and 0 otherwise."""
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -135,6 +140,7 @@ class Task:
         answer_extraction: str = "first_line",
         reward_functions: Sequence[Any] = (),
         reward_timeout_s: float = 10.0,
+        reward: str = "score",
     ) -> None:
         if len(sources) != len(weights) or not sources:
             raise ValueError("need one weight per source and at least one source")
@@ -145,6 +151,9 @@ class Task:
         self.answer_extraction = answer_extraction
         self.reward_functions = list(reward_functions)
         self.reward_timeout_s = reward_timeout_s
+        if reward not in REWARD_MODES:
+            raise ValueError(f"reward must be one of {', '.join(REWARD_MODES)}, got {reward!r}")
+        self.reward_mode = reward
         self.reward_stats = RewardStats()
         self.test: dict[str, list[Problem]] = {}
         self.train: dict[str, list[Problem]] = {}
@@ -175,15 +184,23 @@ class Task:
         out = [p for name in self.source_names for p in pools[name]]
         return out if n is None else out[:n]
 
-    def sample_train(self, step: int, n: int) -> list[Problem]:
-        """The training batch for ``step``: deterministic in (seed, step), so resume needs no state."""
-        rng = random.Random(f"{self.seed}:{step}")
+    def sample_train(self, step: int, n: int, round: int = 0,
+                     exclude: frozenset[str] = frozenset()) -> list[Problem]:
+        """The training batch for ``step``: deterministic in (seed, step), so resume needs no state.
+
+        ``round`` > 0 draws a further batch for the same step (dynamic sampling), leaving out the
+        problem ids in ``exclude`` (those drawn earlier in the step). Round 0 is the same for every
+        policy of a run, so their groups share prompt ids.
+        """
+        rng = random.Random(f"{self.seed}:{step}" if round == 0 else f"{self.seed}:{step}:r{round}")
         names = rng.choices(self.source_names, weights=self.weights, k=n)
         # without replacement within a step: experience is shared keyed by prompt id, so a prompt
         # twice in one batch would mix two groups under one key (repeats only if a pool is too small)
         picks = {}
         for name in self.source_names:
             k, pool = names.count(name), self.train[name]
+            if exclude:
+                pool = [p for p in pool if p.id not in exclude] or pool
             chosen = rng.sample(pool, min(k, len(pool)))
             chosen += [rng.choice(pool) for _ in range(k - len(chosen))]
             picks[name] = iter(chosen)
@@ -214,11 +231,19 @@ class Task:
 
     def rewards(self, problems: Sequence[Problem], prompts: Sequence[str],
                 completions: Sequence[str]) -> tuple[list[float], list[float]]:
-        """(rewards, verifier scores) for aligned lists. Reward = score + Σ extra reward functions."""
+        """(rewards, verifier scores) for aligned lists.
+
+        Reward = the verifier's score (or, with ``reward="exact"``, 1 for a success and 0 otherwise)
+        plus the sum of the extra reward functions. ``prompts`` are the formatted prompts the
+        policy saw; the reward functions receive them.
+        """
         from mutualrl.tasks.rewards import call_reward_function
 
         scores = [self.verify(p, c) for p, c in zip(problems, completions, strict=True)]
-        rewards = list(scores)
+        if self.reward_mode == "exact":
+            rewards = [1.0 if s >= SUCCESS_THRESHOLD else 0.0 for s in scores]
+        else:
+            rewards = list(scores)
         if self.reward_functions:
             columns = {"answer": [p.answer for p in problems], "question": [p.question for p in problems],
                        "source": [p.source for p in problems], "prompt_id": [p.id for p in problems]}
