@@ -22,11 +22,17 @@ def machine() -> dict[str, Any]:
 
 
 def git_rev() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       cwd=Path(__file__).resolve().parent).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The short commit of the checkout (``+dirty`` when it has uncommitted changes), or ``unknown``."""
+    for where in (Path(__file__).resolve().parent, Path.cwd()):
+        try:
+            rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True, cwd=where,
+                                          stderr=subprocess.DEVNULL).strip()
+            dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "mutualrl"], cwd=where,
+                                   stderr=subprocess.DEVNULL).returncode != 0
+            return rev + ("+dirty" if dirty else "")
+        except (OSError, subprocess.CalledProcessError):
+            continue
+    return "unknown"
 
 
 def write_result(name: str, data: dict[str, Any]) -> Path:

@@ -60,7 +60,7 @@ def measure(policies: list[tuple[str, str]], *, steps: int, warmup: int, threads
             infos = super().start(cfg, run_dir)
             if full_length:
                 for w in self.workers:
-                    w.policy.eos_ids = {int(w.policy.model.config.vocab_size) + 7}
+                    w.policy.engine.eos_ids = [int(w.policy.model.config.vocab_size) + 7]
             return infos
 
     stamps: list[tuple[float, float]] = []
@@ -124,7 +124,8 @@ def warm_models(names: list[str], sft_steps: int) -> tuple[dict[str, Path], str]
     if all((d / "zoo_card.json").is_file() and (d / "model.safetensors").is_file() for d in built.values()):
         return built, "built zoo"
     specs = {n: dataclasses.replace(zoo.ZOO[n], sft_max_steps=sft_steps, sft_eval_every=sft_steps,
-                                    bands={k: (0.0, 1.0) for k in zoo.ZOO[n].bands}) for n in names}
+                                    bands={k: (0.0, 1.0) for k in zoo.ZOO[n].bands}, band_margin=0.0)
+             for n in names}
     dirs = zoo.build_zoo(names, seed=0, cache_dir=_perf.CACHE / "zoo-warm", progress=False, specs=specs)
     return dirs, f"zoo specs with a {sft_steps}-step SFT warm start (zoo not built)"
 

@@ -144,12 +144,7 @@ def child_mutualrl(s: dict[str, Any]) -> dict[str, Any]:
         def start(self, cfg: Any, run_dir: Any) -> list[dict[str, Any]]:
             infos = super().start(cfg, run_dir)
             for w in self.workers:
-                pol = w.policy
-                pol.eos_ids = {int(pol.model.config.vocab_size) + 7}  # never sampled: full length
-                if device != "cpu":
-                    pol.device = torch.device(device)
-                    pol.model.to(pol.device)
-                    pol.generator = torch.Generator(device=device).manual_seed(0)
+                w.policy.engine.eos_ids = [int(w.policy.model.config.vocab_size) + 7]  # never sampled: full length
             Sched.kept = tuple(self.workers)
             return infos
 
@@ -179,7 +174,7 @@ def child_mutualrl(s: dict[str, Any]) -> dict[str, Any]:
         "sharing": {"strategy": "independent"},
         "steps": s["steps"], "prompts_per_step": s["prompts_per_step"], "eval_every": 10 ** 6,
         "eval_size": 2, "eval_batch_size": 2, "checkpoint_every": 10 ** 6, "seed": s["seed"],
-        "exchange": "memory://", "scheduler": "sequential", "threads": s["threads"],
+        "exchange": "memory://", "scheduler": "sequential", "threads": s["threads"], "device": device,
     }
     sched = Sched(s["threads"])
     tr = Trainer(cfg, None, scheduler=sched, progress=False)

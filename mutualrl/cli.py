@@ -11,6 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from mutualrl.allocation.base import WorkerFailed
 from mutualrl.checkpoint import CheckpointError
 from mutualrl.errors import UserError
 
@@ -56,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mutualrl: error: {exc}", file=sys.stderr)
         return 2
     except CheckpointError as exc:  # e.g. a full disk: the message names the last good checkpoint
+        print(f"mutualrl: error: {exc}", file=sys.stderr)
+        return 1
+    except WorkerFailed as exc:  # names the worker, the last good checkpoint and the resume command
         print(f"mutualrl: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

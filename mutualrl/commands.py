@@ -31,12 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--size", type=int, help="number of test problems (default: the run's eval_size)")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("demo", help="the embedded default end to end: zoo, four arms, report",
-                       description="Build (or reuse) the policy zoo, run independent / prp / xgrpo / sgt on the "
-                       "same seeds and prompts, and write report.md with figures.")
+    p = sub.add_parser("demo", help="the embedded default end to end: zoo, arms, report",
+                       description="Build (or reuse) the policy zoo, run plain GRPO and success-gated transfer "
+                       "(or the --arms given) on the same seeds and prompts, and write report.md with figures.")
     p.add_argument("-o", "--output", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--quick", action="store_true", help="a smaller run (fewer steps and test problems)")
-    p.add_argument("--arms", default="independent,prp,xgrpo,sgt", help="comma-separated strategies")
+    p.add_argument("--arms", default="independent,sgt",
+                   help="comma-separated strategies (default independent,sgt; also prp, xgrpo, xgrpo+sgt, ...)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
     p.add_argument("--steps", type=int, help="override the number of steps")
     p.add_argument("--force", action="store_true", help="overwrite an existing output directory")

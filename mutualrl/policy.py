@@ -150,8 +150,11 @@ class Policy:
         elif isinstance(gen_eos, list):
             self.eos_ids.update(gen_eos)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        if options.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if options.gradient_checkpointing:  # transformers >= 5.20 renamed it
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.lora = peft is not None
         if peft is not None:
             from peft import LoraConfig, get_peft_model

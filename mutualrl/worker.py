@@ -214,8 +214,10 @@ class PolicyWorker:
         t_share = time.perf_counter() - t1
         t2 = time.perf_counter()
         fault_point("update")
+        gen = self.pcfg.generation
         stats = train_on_batch(self.policy, batch, prp_ratio_clip=self.cfg.sharing.prp_ratio_clip,
-                               rescue_lr=self.cfg.sharing.sgt_learning_rate)
+                               rescue_lr=self.cfg.sharing.sgt_learning_rate,
+                               is_cap=gen.importance_sampling_cap if gen.importance_sampling_correction else None)
         t_sync = self.policy.sync_engine()
         m = dict(batch.metrics)
         m.update(stats)
@@ -247,6 +249,7 @@ class PolicyWorker:
     def load(self, directory: str | Path) -> None:
         """Restore what :meth:`save` wrote (weights strictly: a missing key is an error)."""
         st = load_policy_state(directory, self.policy)
+        self.policy.sync_engine()  # a separate sampler (vLLM) samples from the restored weights
         for k, v in st.get("reward_stats", {}).items():  # cumulative counters continue where they were
             setattr(self.task.reward_stats, k, int(v))
 

@@ -37,7 +37,8 @@ def _base_batch(groups, scale):
 
     own = [OwnGroup(Problem(f"t/{i}", "q", "1", "t"), [1], [[2]] * len(r), [[-1.0]] * len(r), r, r)
            for i, r in enumerate(groups)]
-    ctx = ShareContext(own, PeerRows(), GRPOOptions(scale_rewards=scale), SharingConfig(), lambda p, c: ([], []),
+    ctx = ShareContext(own, PeerRows(), GRPOOptions(scale_rewards=scale, dynamic_sampling="off"), SharingConfig(),
+                       lambda p, c: ([], []),
                        lambda p, t: [])
     return [row.advantage for row in build_batch("independent", ctx).rows]
 

@@ -132,7 +132,9 @@ def test_prepare_smollm2_then_offline_generation() -> None:
     directory = rm.prepare("smollm2", progress=False)
     t = time.perf_counter()
     assert rm.prepare("smollm2") == directory and time.perf_counter() - t < 1.0  # idempotent
-    assert rm.resolve_model_ref("real:smollm2") == str(directory)
+    from mutualrl.modelref import ModelRef
+
+    assert ModelRef.parse("real:smollm2").resolve(progress=False) == str(directory)
     assert (directory / "model.safetensors").is_file() and (directory / "chat_template.jinja").is_file()
     config = json.loads((directory / "config.json").read_text())
     assert "quantization_config" not in config and config["model_type"] == "llama"

@@ -65,7 +65,7 @@ def _align(r: Rollout, prompt_ids=()):
 
 
 def _ctx(task, groups, records=(), *, options=None, **sharing):
-    return ShareContext(groups, PeerRows.from_records(list(records)), options or GRPOOptions(),
+    return ShareContext(groups, PeerRows.from_records(list(records)), options or GRPOOptions(dynamic_sampling="off"),
                         SharingConfig(**sharing), _scorer(task), _encode, _align)
 
 
@@ -94,6 +94,20 @@ def test_registry_and_strategy_names():
     assert check_strategy_name("independent+sgt")
     assert "twice" in (check_strategy_name("sgt+sgt") or "")
     assert check_strategy_name("")
+
+
+# ----------------------------------------------------------------------------- dynamic sampling
+def test_skip_leaves_out_zero_advantage_rows_after_every_step_had_its_say(task):
+    p0, p1, p2 = task.problems("train", 3)
+    groups = [_group(p0, [1, 0, 0, 1]), _group(p1, [1, 1, 1, 1]), _group(p2, [0, 0, 0, 0])]
+    skip = GRPOOptions(dynamic_sampling="skip")
+    batch = build_batch("independent", _ctx(task, groups, options=skip))
+    assert len(batch.rows) == 4 and batch.metrics["zero_adv_rows_skipped"] == 8
+    assert batch.n_prompts == 3  # the rescue term's denominator still counts every prompt
+    # XGRPO gives the all-fail group a signal from the peer's rewards: its rows stay
+    peer = [GroupOutcome.from_rewards(p2.id, "peer", [1.0, 0.0], 0)]
+    batch = build_batch("xgrpo", _ctx(task, groups, peer, options=skip))
+    assert len(batch.rows) == 8 and batch.metrics["zero_adv_rows_skipped"] == 4
 
 
 # ----------------------------------------------------------------------------- independent / xgrpo

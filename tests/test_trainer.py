@@ -44,7 +44,7 @@ def _config(tiny_models, digits_file, strategy: str) -> dict:
                      {"name": "b", "model": str(tiny_models["tiny-llama"])}],
         "task": {"datasets": [{"path": str(digits_file), "alias": "digits"}], "test_size": 8, "train_size": 40,
                  "answer_extraction": r"regex:(\d)", "reward_functions": [REWARD_FN]},
-        "grpo": {"num_generations": 4, "max_completion_length": 4, "learning_rate": 1e-2},
+        "grpo": {"num_generations": 4, "max_completion_length": 4, "learning_rate": 1e-2, "dynamic_sampling": "off"},
         "sharing": {"strategy": strategy},
         "steps": 2, "prompts_per_step": 4, "eval_every": 2, "eval_size": 8, "checkpoint_every": 1,
         "threads": 1, "seed": 0,

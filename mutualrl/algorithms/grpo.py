@@ -81,6 +81,7 @@ def grpo_loss(
     is_weight: torch.Tensor | None = None,
     offpolicy: torch.Tensor | None = None,
     row_weight: torch.Tensor | None = None,
+    token_weight: torch.Tensor | None = None,
 ) -> LossOutput:
     """The GRPO loss over a batch of rows (tensors ``[B, C]`` right-aligned, ``advantages [B]``).
 
@@ -92,6 +93,8 @@ def grpo_loss(
         is_weight: per-token truncated importance weights for off-policy rows.
         offpolicy: ``[B]`` bool, rows that use ``is_weight`` instead of the clipped ratio.
         row_weight: ``[B]`` scale of each row's loss (e.g. peer samples' weight).
+        token_weight: ``[B, C]`` scale of each token's loss (the truncated importance correction of a
+            sampler/trainer mismatch, ``min(pi_train / pi_sampler, cap)``; no gradient).
     """
     eps_hi = epsilon if epsilon_high is None else epsilon_high
     adv = advantages.unsqueeze(1)
@@ -118,6 +121,8 @@ def grpo_loss(
         kl = None
     if row_weight is not None:
         per_token = per_token * row_weight.unsqueeze(1)
+    if token_weight is not None:
+        per_token = per_token * token_weight
     loss = aggregate(per_token, mask, loss_type, max_completion_length)
     with torch.no_grad():
         m = onpol_mask.float()

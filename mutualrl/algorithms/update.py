@@ -48,12 +48,25 @@ def _rescue_loss(policy: Policy, rescue: list[TrainRow], lp: torch.Tensor, width
     return (lam * nll).sum() / max(1, n_prompts), nll
 
 
+def _mismatch(logp: torch.Tensor, behavior: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How far the sampler's behavior log-probs are from the trainer's recompute, on real tokens."""
+    d = (logp - behavior).abs()[mask]
+    if d.numel() == 0:
+        return {}
+    ratio = torch.exp((logp - behavior)[mask])
+    return {"logprob_mismatch_max": float(d.max()), "logprob_mismatch_mean": float(d.mean()),
+            "logprob_ratio_outside_frac": float(((ratio < 0.9) | (ratio > 1.1)).float().mean())}
+
+
 def train_on_batch(policy: Policy, batch: TrainBatch, *, prp_ratio_clip: float = 1.0,
-                   rescue_lr: float | None = None) -> dict[str, float]:
+                   rescue_lr: float | None = None, is_cap: float | None = None) -> dict[str, float]:
     """Run ``num_iterations`` optimizer steps on ``batch``; return loss statistics.
 
     Rescue rows (SGT) join the GRPO step's loss, or, with ``rescue_lr``, get an optimizer step of
-    their own afterwards (``policy.rescue_optimizer`` at that learning rate).
+    their own afterwards (``policy.rescue_optimizer`` at that learning rate). With ``is_cap`` the
+    sampler/trainer mismatch is corrected: the clipped ratio is taken against the trainer's own
+    recompute of the old log-probs, and each own token's loss is weighted by the truncated
+    importance weight ``min(exp(trainer_old - behavior), is_cap)`` (as TRL and verl do for vLLM).
     """
     opts = policy.options
     rl_rows = [r for r in batch.rows if r.kind in ("own", "peer")]
@@ -93,14 +106,21 @@ def train_on_batch(policy: Policy, batch: TrainBatch, *, prp_ratio_clip: float =
                 # current log-probs of the peer rows: no separate no-grad pass
                 is_w, s = _chunk_weights(rl_rows, logp.detach(), width, prp_ratio_clip)
                 stats.update(s)
-            if it == 0 and not has_peer:
+            if it == 0:
+                own_mask = mask & ~offpolicy.unsqueeze(1)
                 with torch.no_grad():
-                    diff = (logp.detach() - old).abs() * mask
-                    stats["logprob_mismatch_max"] = float(diff.max())
+                    stats.update(_mismatch(logp.detach(), old, own_mask))
+                if is_cap is not None:  # the trainer's old log-probs, and the sampler's weight against them
+                    behavior = old
+                    old = torch.where(own_mask, logp.detach(), old)
+                    tok_w = torch.where(own_mask, torch.exp(old - behavior).clamp(max=is_cap),
+                                        torch.ones_like(old))
+                    stats["is_weight_mean"] = float(tok_w[own_mask].mean()) if bool(own_mask.any()) else 1.0
             out = grpo_loss(logp, old, adv, mask, epsilon=opts.epsilon, epsilon_high=opts.epsilon_high,
                             beta=opts.beta, ref_logp=ref, loss_type=opts.loss_type,
                             max_completion_length=opts.max_completion_length, is_weight=is_w,
-                            offpolicy=offpolicy, row_weight=row_w)
+                            offpolicy=offpolicy, row_weight=row_w,
+                            token_weight=tok_w if is_cap is not None else None)
             total = total + out.loss
             stats.update({k: v for k, v in out.stats.items()})
             stats["pg_loss"] = float(out.loss.detach())

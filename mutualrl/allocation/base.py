@@ -86,9 +86,12 @@ class SequentialScheduler(Scheduler):
         from mutualrl.exchange import ExchangeURL
         from mutualrl.worker import PolicyWorker
 
+        from mutualrl.allocation.planner import planned_devices
+
         threads = self.threads or cfg.threads
         if threads:
             torch.set_num_threads(threads)
+        devices = planned_devices(cfg)
         if ExchangeURL.for_run(cfg.exchange, run_dir) == ExchangeURL("memory", ""):
             # a bare memory:// store is private to whoever opens it: give this run's workers one
             # shared store, named uniquely so that no earlier run's rows are visible
@@ -96,7 +99,7 @@ class SequentialScheduler(Scheduler):
             import uuid
 
             cfg = dataclasses.replace(cfg, exchange=f"memory://run-{uuid.uuid4().hex}")
-        self.workers = [PolicyWorker(cfg, i, run_dir) for i in range(len(cfg.policies))]
+        self.workers = [PolicyWorker(cfg, i, run_dir, device=devices[i]) for i in range(len(cfg.policies))]
         return [w.info() for w in self.workers]
 
     def call(self, method: str, *args: Any) -> list[Any]:

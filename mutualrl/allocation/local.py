@@ -44,6 +44,17 @@ class _Proc:
     replies: list[dict[str, Any]] = field(default_factory=list)
 
 
+def _own_gpu(policy_device: str, run_device: str, planned: int | None) -> int | None:
+    """The physical GPU a worker process gets to itself: the policy's (or run's) ``cuda:N``, else the
+    plan's when the device is ``auto``; None on the CPU."""
+    for d in (policy_device, run_device):
+        if d == "cpu":
+            return None
+        if d.startswith("cuda"):
+            return int(d.split(":")[1]) if ":" in d else 0
+    return planned
+
+
 def log_tail(path: Path, n_bytes: int = 1500) -> str:
     """The last bytes of a worker's log, for error messages."""
     try:
@@ -107,11 +118,17 @@ class LocalScheduler(Scheduler):
         try:
             for i, pol in enumerate(cfg.policies):
                 pl = self.plan.allocation.placements[i]
-                self.procs.append(self._spawn(i, pol.name, pl.threads, logs / f"worker-{i}-{pol.name}.log"))
+                gpu = _own_gpu(pol.device, cfg.device, pl.gpu)
+                self.procs.append(self._spawn(i, pol.name, pl.threads, logs / f"worker-{i}-{pol.name}.log", gpu))
             for p in self.procs:
                 pl = self.plan.allocation.placements[p.index]
+                pol = cfg.policies[p.index]
+                # a worker given its own GPU sees it as cuda:0 (CUDA_VISIBLE_DEVICES) and is held to its share
+                gpu = _own_gpu(pol.device, cfg.device, pl.gpu)
+                device = "cuda:0" if gpu is not None else None
+                frac = pl.gpu_fraction if gpu is not None and 0 < pl.gpu_fraction < 1 else None
                 self._send(p, "__init__", [data, p.index, str(self.run_dir) if self.run_dir else None,
-                                           pl.threads, pl.nice])
+                                           pl.threads, pl.nice, device, frac])
             infos = self._gather(list(range(len(self.procs))))
             self.timeout = float(cfg.step_timeout_s)
         except BaseException:
@@ -121,11 +138,13 @@ class LocalScheduler(Scheduler):
         self.plan.write(self.run_dir)
         return infos
 
-    def _spawn(self, index: int, name: str, threads: int, log_path: Path) -> _Proc:
+    def _spawn(self, index: int, name: str, threads: int, log_path: Path, gpu: int | None = None) -> _Proc:
         env = dict(os.environ)
         env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                     "OPENBLAS_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
                     "PYTHONUNBUFFERED": "1", "MUTUALRL_WORKER": name})
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         # idle OpenMP threads sleep instead of spinning: workers share cores with each other
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         log = open(log_path, "ab")  # noqa: SIM115 - the worker writes it for its whole life; closed in close()

@@ -145,6 +145,11 @@ class Placement:
     def predicted_step_s(self) -> float:
         return self.predicted_rollout_s + self.predicted_update_s
 
+    @property
+    def device(self) -> str:
+        """The device the plan gives this worker: ``cuda:<gpu>`` or ``cpu``."""
+        return "cpu" if self.gpu is None else f"cuda:{self.gpu}"
+
 
 @dataclass
 class Allocation:
@@ -177,12 +182,13 @@ class Allocation:
 
     def describe(self) -> str:
         """A plain-text table of the plan."""
-        head = ["policy", "params", "cores", "threads", "nice", "node", "gpu", "rollout_s", "update_s", "step_s"]
+        head = ["policy", "params", "device", "cores", "threads", "nice", "node", "gpu", "rollout_s", "update_s",
+                "step_s"]
         rows = []
         for p in self.placements:
             gpu = "-" if p.gpu is None else f"{p.gpu}" + ("" if p.gpu_fraction >= 1 else f" ({p.gpu_fraction:.2f})")
             node = "-" if p.node is None else p.node[:10]
-            rows.append([p.name, _human(p.params), f"{p.cpu_share:.2f}", str(p.threads), str(p.nice), node, gpu,
+            rows.append([p.name, _human(p.params), p.device, f"{p.cpu_share:.2f}", str(p.threads), str(p.nice), node, gpu,
                          f"{p.predicted_rollout_s:.3g}", f"{p.predicted_update_s:.3g}", f"{p.predicted_step_s:.3g}"])
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
         line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
@@ -428,3 +434,15 @@ def _plan_nodes(cfg: RunConfig, resources: Resources, costs: CostModel) -> list[
             sub = _cpu_placements(cfg, costs, idx, max(n.cpus, 1e-3), n.node_id)
         out.extend(sub)
     return sorted(out, key=lambda p: p.index)
+
+
+def planned_devices(cfg: RunConfig) -> list[str | None]:
+    """The device the resource plan gives each policy on this machine (None for all: no GPU here)."""
+    from mutualrl.devices import cuda_count
+
+    if cuda_count() == 0:
+        return [None] * len(cfg.policies)
+    from mutualrl.allocation.cost import CostModel, estimate_parameters
+
+    alloc = plan(cfg, Resources.detect(), CostModel(cfg, estimate_parameters(cfg)))
+    return [p.device for p in alloc.placements]

@@ -31,16 +31,29 @@ from mutualrl.errors import UserError
 class RayPolicyWorker:
     """The actor body: a :class:`~mutualrl.worker.PolicyWorker` behind a JSON-text interface."""
 
-    def __init__(self, cfg_json: str, index: int, run_dir: str | None, threads: int) -> None:
+    def __init__(self, cfg_json: str, index: int, run_dir: str | None, threads: int,
+                 gpu_fraction: float | None = None) -> None:
         import torch
 
         torch.set_num_threads(max(1, threads))
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         from mutualrl.config import load_config
+        import ray
+
         from mutualrl.worker import PolicyWorker
 
-        self.worker = PolicyWorker(load_config(json.loads(cfg_json), check_paths=False), index, run_dir,
-                                   threads=threads)
+        cfg = load_config(json.loads(cfg_json), check_paths=False)
+        device = None
+        if ray.get_gpu_ids():  # Ray set CUDA_VISIBLE_DEVICES to the GPU this actor's bundle reserved
+            device = "cuda:0"
+            cfg.device = device
+            for p in cfg.policies:
+                p.device = "auto"
+            if gpu_fraction and gpu_fraction < 1:
+                import torch
+
+                torch.cuda.set_per_process_memory_fraction(float(gpu_fraction), torch.device(device))
+        self.worker = PolicyWorker(cfg, index, run_dir, threads=threads, device=device)
 
     def call(self, method: str, args_json: str) -> str:
         """Run ``method(*args)``; the reply is JSON text with the result, wall and CPU time."""
@@ -157,7 +170,8 @@ class RayScheduler(Scheduler):
                 actor = actor_cls.options(
                     num_cpus=b["CPU"], num_gpus=b.get("GPU", 0), max_restarts=0, max_concurrency=1,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(self.groups[i], placement_group_bundle_index=0),
-                ).remote(cfg_json, i, str(self.run_dir) if self.run_dir else None, pl.threads)
+                ).remote(cfg_json, i, str(self.run_dir) if self.run_dir else None, pl.threads,
+                         pl.gpu_fraction if pl.gpu is not None else None)
                 self.actors.append(actor)
             wheres = self._gather([a.where.remote() for a in self.actors], "start", raw=True)
             self.node_ids = [json.loads(w)["node_id"] for w in wheres]
@@ -178,11 +192,12 @@ class RayScheduler(Scheduler):
         from mutualrl.exchange.url import ExchangeURL
 
         ex = ExchangeURL.for_run(cfg.exchange, self.run_dir)
-        if ex.scheme != "memory":
-            return str(ex)
+        if cfg.exchange != "sqlite" and ex.scheme != "memory":
+            return str(ex)  # an explicit sqlite:/// or ray:// URL is used as given
+        # the run's own store: its sqlite file, behind a Ray actor when the workers span several nodes
         if self.run_dir is None:
             self._scratch = tempfile.mkdtemp(prefix="mutualrl-ray-")
-        db = str(ex.shared_by_processes(self.run_dir, self._scratch or "."))
+        db = str(ExchangeURL("memory", "").shared_by_processes(self.run_dir, self._scratch or "."))
         if len(resources.nodes) <= 1:
             return db
         from mutualrl.exchange import open_exchange

@@ -39,7 +39,7 @@ class _Loop:
         self.worker: Any = None
 
     def init(self, cfg: dict[str, Any], index: int, run_dir: str | None, threads: int | None,
-             nice: int = 0) -> dict[str, Any]:
+             nice: int = 0, device: str | None = None, gpu_fraction: float | None = None) -> dict[str, Any]:
         import torch
 
         if nice:
@@ -52,7 +52,13 @@ class _Loop:
         from mutualrl.worker import PolicyWorker
 
         run_cfg = load_config(cfg, check_paths=False)
-        self.worker = PolicyWorker(run_cfg, index, run_dir, threads=threads)
+        if device is not None and device.startswith("cuda") and gpu_fraction:
+            torch.cuda.set_per_process_memory_fraction(float(gpu_fraction), torch.device(device))
+        if device is not None:  # the device this process was given: every policy setting names it cuda:0
+            run_cfg.device = device
+            for p in run_cfg.policies:
+                p.device = "auto"
+        self.worker = PolicyWorker(run_cfg, index, run_dir, threads=threads, device=device)
         return self.worker.info() | {"threads": torch.get_num_threads(), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
 
     def dispatch(self, method: str, args: list[Any]) -> Any:

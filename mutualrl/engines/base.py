@@ -67,7 +67,8 @@ def dedupe_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int]]
 
 def cache_kwarg(model: torch.nn.Module) -> str:
     """The KV-cache argument name of this transformers version (``cache`` or ``past_key_values``)."""
-    params = inspect.signature(model.forward).parameters
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # through a peft wrapper
+    params = inspect.signature(base.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

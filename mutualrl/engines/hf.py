@@ -32,8 +32,8 @@ class HFEngine:
         model: the causal LM (the trainer's own module: there are no weights to sync).
         eos_ids: token ids that end a completion.
         pad_id: id written after a row finished.
-        generator: the seeded generator every draw comes from (on the host: CPU and CUDA runs of the
-            same seed draw the same uniforms).
+        generator: the seeded host generator; on CPU every draw comes from it, on a GPU each call seeds
+            a device generator from it (so a checkpointed host generator makes sampling resumable).
         autocast: a context manager factory for the compute dtype (e.g. bf16 autocast).
         share_prompt_prefix: prefill a prompt shared by several rows once.
     """
@@ -93,6 +93,9 @@ class HFEngine:
             past.batch_select_indices(sel)
             mask_full, pos, logits = mask_full[sel], pos[sel], logits[sel]
         pos = pos[:, -1:]
+        gen = self.generator
+        if gen.device != dev:  # draw on the device (no host round trip per token), seeded from the host generator
+            gen = torch.Generator(device=dev).manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.generator)))
         steps = 0
         for t in range(max_new):
             if params.greedy:
@@ -102,10 +105,7 @@ class HFEngine:
                 logp = F.log_softmax(logits / params.temperature, dim=-1)
                 if params.top_p < 1.0:
                     logp = top_p_filter(logp, params.top_p)
-                probs = logp.exp()
-                if probs.device != self.generator.device:
-                    probs = probs.to(self.generator.device)
-                tok = torch.multinomial(probs, 1, generator=self.generator).squeeze(1).to(dev)
+                tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
             tok_lp = logp.gather(1, tok.unsqueeze(1)).squeeze(1)
             out_tok[:, t] = tok.masked_fill(finished, self.pad_id)
             out_lp[:, t] = tok_lp.masked_fill(finished, 0.0)

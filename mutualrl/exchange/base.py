@@ -36,6 +36,7 @@ from mutualrl.experience import (
     StoredRow,
     from_row,
     parse,
+    parse_row,
     validate,
 )
 
@@ -180,11 +181,20 @@ class Exchange(ABC):
         Each line is judged on its own: bad lines are counted by reason, good lines are stored
         together as one atomic batch. Nothing a line holds makes this raise.
         """
+        return self._accept(lines, parse)
+
+    def publish_rows(self, rows: Iterable[Any]) -> PublishResult:
+        """Like :meth:`publish_json` for rows in storage form (``[kind, record_id or None, scalars,
+        packed arrays]``, the compact wire format clients of a remote exchange send), each parsed and
+        validated on its own."""
+        return self._accept(rows, parse_row)
+
+    def _accept(self, items: Iterable[Any], parser: Any) -> PublishResult:
         valid: list[Record] = []
         rejected: Counter[str] = Counter()
-        for line in lines:
+        for item in items:
             try:
-                r = parse(line, self.limits)
+                r = parser(item, self.limits)
                 err = self.version_error(r.version)
                 if err is not None:
                     raise err

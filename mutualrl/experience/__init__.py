@@ -20,7 +20,7 @@ peer goes through :func:`parse`, which validates everything and raises
 from __future__ import annotations
 
 from mutualrl.experience.limits import DEFAULT_LIMITS, REASONS, ExperienceLimits, InvalidExperience
-from mutualrl.experience.parse import parse
+from mutualrl.experience.parse import parse, parse_row
 from mutualrl.experience.records import (
     KINDS,
     RECORD_TYPES,
@@ -41,5 +41,5 @@ from mutualrl.experience.validate import validate
 __all__ = [
     "DEFAULT_LIMITS", "KINDS", "REASONS", "RECORD_TYPES", "SCHEMA_VERSION", "ExperienceLimits", "GroupOutcome",
     "InvalidExperience", "Record", "Rollout", "StoredRow", "VerifiedSuccess", "from_dict", "from_row", "pack_array",
-    "parse", "to_row", "unpack_array", "validate",
+    "parse", "parse_row", "to_row", "unpack_array", "validate",
 ]

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from mutualrl.experience.limits import DEFAULT_LIMITS, ExperienceLimits, InvalidExperience
-from mutualrl.experience.records import KINDS, RECORD_TYPES, SCHEMA_VERSION, Record
+from mutualrl.experience.records import KINDS, RECORD_TYPES, SCHEMA_VERSION, Record, unpack_array
 from mutualrl.experience.validate import _FLOAT_FIELDS, _INT_FIELDS, _LIST_FIELDS, _STR_FIELDS, validate
 
 
@@ -174,3 +174,57 @@ def _check_types(kind: str, kw: dict[str, Any]) -> None:
             raise InvalidExperience("wrong_type", f"{name} must hold only {elem.__name__}s")
 
 
+def parse_row(row: Any, limits: ExperienceLimits = DEFAULT_LIMITS) -> Record:
+    """Validate one record sent in storage form (``[kind, record_id, scalars, packed arrays]``, the
+    compact wire format of :func:`~mutualrl.experience.records.to_row`) by an untrusted client.
+
+    The same rules as :func:`parse`: exact field types, sizes and every value check, and the id is
+    recomputed from the content (a ``record_id`` of None means "derive it"). Never raises anything
+    but :class:`InvalidExperience`.
+    """
+    try:
+        return _parse_row(row, limits)
+    except InvalidExperience:
+        raise
+    except (TypeError, ValueError, OverflowError, KeyError, AttributeError, UnicodeError, RecursionError) as exc:
+        raise InvalidExperience("bad_encoding", f"{type(exc).__name__} while reading the row") from None
+
+
+def _parse_row(row: Any, limits: ExperienceLimits) -> Record:
+    if not isinstance(row, (list, tuple)) or len(row) != 4:
+        raise InvalidExperience("bad_encoding", "a row is [kind, record_id, scalars, arrays]")
+    kind, rid, scalars, arrays = row
+    if not isinstance(kind, str) or kind not in RECORD_TYPES:
+        raise InvalidExperience("unknown_kind", f"kind {_short(kind)} is not one of {list(KINDS)}")
+    cls = RECORD_TYPES[kind]
+    if rid is not None and not isinstance(rid, str):
+        raise InvalidExperience("bad_id", "record_id must be a string")
+    if not isinstance(scalars, (list, tuple)) or len(scalars) != len(cls.SCALAR_FIELDS):
+        raise InvalidExperience("wrong_type", f"{kind} has {len(cls.SCALAR_FIELDS)} scalar fields")
+    if not isinstance(arrays, (bytes, bytearray)) or len(arrays) > limits.max_record_bytes:
+        raise InvalidExperience("wrong_type" if not isinstance(arrays, (bytes, bytearray)) else "too_large",
+                                "the numeric lists must be packed bytes within the record size cap")
+    for x in scalars:
+        if isinstance(x, (list, tuple, dict)):
+            raise InvalidExperience("too_deep", "a scalar field holds a container")
+    kwargs: dict[str, Any] = dict(zip(cls.SCALAR_FIELDS, scalars, strict=True))
+    items = cls.ARRAY_ITEMS
+    if items:
+        if len(arrays) % (8 * len(items)):
+            raise InvalidExperience("length_mismatch", "packed lists of unequal or partial length")
+        size = len(arrays) // len(items)
+        if size // 8 > max(limits.max_tokens, limits.max_group_size):
+            raise InvalidExperience("too_large", f"{size // 8} values per list")
+        for i, (name, code) in enumerate(items):
+            kwargs[name] = list(unpack_array(bytes(arrays[i * size:(i + 1) * size]), code))
+    elif arrays:
+        raise InvalidExperience("length_mismatch", f"{kind} has no numeric lists")
+    _check_types(kind, kwargs)
+    try:
+        record = cls(**kwargs)
+    except OverflowError:
+        raise InvalidExperience("non_finite", "a number is too large for a float") from None
+    validate(record, limits)
+    if rid is not None and rid != record.record_id:
+        raise InvalidExperience("bad_id", "record_id does not match the record's content")
+    return record

@@ -4,12 +4,13 @@ content-derived ids, wire encodings (JSON, msgpack) and compact storage form."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, ClassVar
@@ -18,19 +19,69 @@ SCHEMA_VERSION = 1
 """Current schema version of all record kinds. A record with another version is rejected."""
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
 def _canonical(obj: Any) -> str:
     """Canonical JSON: compact, sorted keys, ASCII-escaped, no NaN/inf."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return _CANONICAL.encode(obj)
+
+
+@functools.lru_cache(maxsize=4096)
+def _codec(n: int, typecode: str) -> struct.Struct:
+    return struct.Struct(f"<{n}{typecode}")
 
 
 def pack_array(values: Any, typecode: str) -> bytes:
     """Little-endian packed ``values`` (``typecode`` ``q``: int64, ``d``: float64)."""
-    return struct.pack(f"<{len(values)}{typecode}", *values)
+    if isinstance(values, PackedArray) and values.typecode == typecode:
+        return values.packed
+    return _codec(len(values), typecode).pack(*values)
 
 
 def unpack_array(data: bytes, typecode: str) -> tuple:
     """Inverse of :func:`pack_array`."""
-    return struct.unpack(f"<{len(data) // 8}{typecode}", data)
+    return _codec(len(data) // 8, typecode).unpack(data)
+
+
+class PackedArray(Sequence):
+    """A read-only sequence of int64 (``q``) or float64 (``d``) values kept packed little-endian and
+    decoded on first use: records read back from storage carry these, so a query does not build
+    Python numbers for traces nobody looks at. Equal to any sequence with the same values."""
+
+    __slots__ = ("_items", "packed", "typecode")
+
+    def __init__(self, packed: bytes, typecode: str) -> None:
+        self.packed = packed
+        self.typecode = typecode
+        self._items: tuple | None = None
+
+    def _values(self) -> tuple:
+        if self._items is None:
+            self._items = unpack_array(self.packed, self.typecode)
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self.packed) // 8
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._values()[i]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PackedArray):
+            return self.typecode == other.typecode and self.packed == other.packed
+        if isinstance(other, (tuple, list)):
+            return self._values() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return repr(self._values())
 
 
 class _RecordBase:
@@ -123,10 +174,10 @@ def from_row(kind: str, record_id: str, scalars: Any, arrays: bytes) -> Record:
     if len(fields) == 1:
         name, code = fields[0]
         d[name] = unpack_array(arrays, code)
-    elif fields:  # equal-length 8-byte lists (token_ids, logprobs)
+    elif fields:  # equal-length 8-byte lists (token_ids, logprobs), decoded when first used
         size = len(arrays) // len(fields)
         for i, (name, code) in enumerate(fields):
-            d[name] = unpack_array(arrays[i * size:(i + 1) * size], code)
+            d[name] = PackedArray(arrays[i * size:(i + 1) * size], code)
     d["record_id"] = record_id
     return record
 

@@ -28,9 +28,10 @@ from mutualrl.realmodels.prepare import (
     preset_model_dirs,
     real_tokenizer,
 )
-from mutualrl.realmodels.specs import MODELS, PRESETS, REF_PREFIX, RealModel
+from mutualrl.realmodels.specs import MANIFEST, MODELS, PRESETS, REF_PREFIX, RealModel
 
 __all__ = [
+    "MANIFEST",
     "MODELS",
     "PRESETS",
     "REF_PREFIX",

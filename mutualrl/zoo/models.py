@@ -48,10 +48,11 @@ def build_model(spec: ZooSpec, tokenizer: Any):
 
 
 def build_tiny_models(root: str | os.PathLike[str]) -> dict[str, Path]:
-    """Two untrained, very small zoo-family models for tests and fault benchmarks (seconds to build).
+    """Untrained, very small zoo-family models for tests and fault benchmarks (seconds to build).
 
-    ``{"tiny-gpt2": dir (GPT-2, byte-level BPE), "tiny-llama": dir (Llama, Unigram)}`` under
-    ``root``; a directory that already holds a model is reused.
+    ``{"tiny-gpt2": dir (GPT-2, byte-level BPE), "tiny-llama": dir (Llama, Unigram), "tiny-llama-32":
+    dir (Llama, Unigram, 32-dim heads: a size vLLM's CPU kernels take)}`` under ``root``; a directory
+    that already holds a model is reused.
     """
     import torch
 
@@ -64,10 +65,13 @@ def build_tiny_models(root: str | os.PathLike[str]) -> dict[str, Path]:
     texts = [p.question + " Answer: " + p.answer for p in task.problems("train")]
     out = {}
     for name, zoo_name, kind, extra in [("tiny-gpt2", "gpt2-add", "byte_bpe", {}),
-                                        ("tiny-llama", "llama-sub", "unigram", {"n_kv_head": 1})]:
+                                        ("tiny-llama", "llama-sub", "unigram", {"n_kv_head": 1}),
+                                        ("tiny-llama-32", "llama-sub", "unigram",
+                                         {"n_kv_head": 1, "n_embd": 64, "n_inner": 128})]:
         d = root / name
         if not (d / "config.json").is_file():
-            spec = dataclasses.replace(ZOO[zoo_name], n_layer=1, n_embd=32, n_head=2, n_inner=64, **extra)
+            spec = dataclasses.replace(ZOO[zoo_name], **{"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64,
+                                                          **extra})
             tok = train_tokenizer(kind, texts, spec.vocab_size)
             build_model(spec, tok).save_pretrained(d)
             tok.save_pretrained(d)

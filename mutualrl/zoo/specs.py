@@ -11,7 +11,7 @@ from typing import Any
 
 from mutualrl.errors import UserError
 
-ZOO_VERSION = "3"
+ZOO_VERSION = "5"
 """Bump when anything that changes a built policy changes (code, task, tokenizers)."""
 
 ARCHS: tuple[str, ...] = ("gpt2", "llama", "gpt_neox", "qwen2")
@@ -24,13 +24,12 @@ sample through ``generation.engine: vllm``."""
 class ZooSpec:
     """How to build one zoo policy.
 
-    ``sft_mixture`` maps task types (source names of the zoo task) to their base share of the
-    warm-start examples; ``bands`` maps every type to the greedy accuracy band ``(low, high)`` the
-    policy must land in, measured every ``sft_eval_every`` steps on a validation slice of the
-    training problems (never the test split). A type below its band is trained at its base share,
-    a type inside its band only at ``rehearsal`` times that share, a type above it not at all;
-    SFT stops as soon as every type is inside its band, and a build that has not got there after
-    ``sft_max_steps`` fails (it never hands out a policy outside its band). ``n_inner`` of 0 means
+    ``sft_mixture`` maps task types (source names of the zoo task) to their share of the warm-start
+    examples; ``bands`` maps every type to the greedy accuracy band ``(low, high)`` the policy must
+    land in, measured every ``sft_eval_every`` steps on a validation slice of the training problems
+    (never the test split). SFT stops as soon as every type is inside its band (``band_margin``
+    inside its edges), and a build that has not got there after ``sft_max_steps`` fails (it never
+    hands out a policy outside its band). ``n_inner`` of 0 means
     4 × ``n_embd``; ``n_kv_head`` of 0 means ``n_head`` (Llama/Qwen2 only). ``vocab_size`` is an
     upper bound for the tokenizer trainer (the card records the real size).
     """
@@ -53,7 +52,10 @@ class ZooSpec:
     weight_decay: float = 0.01
     max_positions: int = 128
     sft_eval_every: int = 25
-    rehearsal: float = 0.1
+    band_margin: float = 0.15
+    """SFT stops once every validation accuracy is this share of its band's width inside it (30-50 %:
+    33-47 %); the card records the band itself. The margin absorbs validation noise and the luck of
+    the stopping step (a tiny model's accuracy swings by points from check to check)."""
     description: str = ""
 
     def to_dict(self) -> dict[str, Any]:

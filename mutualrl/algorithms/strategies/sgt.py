@@ -16,8 +16,14 @@ def sgt(ctx: ShareContext, batch: TrainBatch) -> None:
     """Success-gated transfer: re-verified peer successes rescue prompts the learner failed."""
     s = ctx.sharing
     rescue, refused, gate_open = 0, 0, 0
+    replayed = 0
     for g in ctx.groups:
         if not g.failed:
+            if s.sgt_replay_own and g.texts:
+                best = max(range(len(g.scores)), key=g.scores.__getitem__)
+                batch.rows.append(TrainRow(g.prompt_ids, list(g.completion_ids[best]), 0.0, None, "rescue", None,
+                                           s.sgt_lambda))
+                replayed += 1
             continue
         gate_open += 1
         if rescue >= s.sgt_max_per_step:
@@ -34,3 +40,5 @@ def sgt(ctx: ShareContext, batch: TrainBatch) -> None:
     batch.metrics["sgt_gate_open"] = gate_open
     batch.metrics["sgt_rescue"] = rescue
     batch.metrics["sgt_refused"] = refused
+    if s.sgt_replay_own:
+        batch.metrics["sgt_replayed_own"] = replayed

@@ -1,0 +1,73 @@
+"""The zoo lands in its band everywhere: default policies built with 1 and 2 torch threads and two
+build seeds, each into a fresh cache.
+
+    python benchmarks/zoo_bands.py [--quick] [--threads 1,2] [--seeds 0,1] [--policies ...]
+
+Per (policy, threads, build seed): SFT steps until landing, validation accuracy at landing, test
+greedy and sampled accuracy per skill, whether the test accuracy is inside the band, build seconds.
+Builds run one at a time. Writes ``benchmarks/results/zoo_bands.json`` (``--quick``: one policy,
+one configuration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import git_rev, machine, write_result  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", default=None)
+    ap.add_argument("--seeds", default=None)
+    ap.add_argument("--policies", default=None)
+    args = ap.parse_args()
+
+    import torch
+
+    from mutualrl.zoo import DEFAULT_NAMES, ZOO, build_zoo, load_card
+
+    policies = args.policies.split(",") if args.policies else (["llama-sub"] if args.quick else list(DEFAULT_NAMES))
+    threads = [int(t) for t in (args.threads or ("2" if args.quick else "1,2")).split(",")]
+    seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1")).split(",")]
+    t0 = time.perf_counter()
+    load0 = os.getloadavg()[0]
+    rows = []
+    for pol in policies:
+        for th in threads:
+            for seed in seeds:
+                torch.set_num_threads(th)
+                with tempfile.TemporaryDirectory() as cache:
+                    t = time.perf_counter()
+                    d = build_zoo([pol], seed=seed, cache_dir=cache, progress=False, threads=th)[pol]
+                    card = load_card(d)
+                wall = time.perf_counter() - t
+                bands = ZOO[pol].bands
+                test = card["accuracy_greedy"]
+                row = {"policy": pol, "threads": th, "build_seed": seed, "sft_steps": card["sft_steps_done"],
+                       "val_at_landing": card["landed_val_accuracy"], "test_greedy": test,
+                       "test_sampled_t1": card["accuracy_sampled_t1"],
+                       "test_in_band": {k: bands[k][0] <= v <= bands[k][1] for k, v in test.items()},
+                       "build_s": wall}
+                rows.append(row)
+                print(f"{pol:<10} threads {th} seed {seed}: {row['sft_steps']:>5} steps, test "
+                      + ", ".join(f"{k} {v:.1%}{'' if row['test_in_band'][k] else ' (OUT)'}" for k, v in test.items())
+                      + f", {wall:.0f}s", flush=True)
+    mach = machine()
+    mach["load_avg"] = {"start": load0, "end": os.getloadavg()[0]}
+    write_result("zoo_bands" + ("_quick" if args.quick else ""), {
+        "builds": rows, "bands": {p: {k: list(v) for k, v in ZOO[p].bands.items()} for p in policies},
+        "all_test_in_band": all(all(r["test_in_band"].values()) for r in rows),
+        "machine": mach, "quick": args.quick, "wall_s": time.perf_counter() - t0, "git_rev": git_rev(),
+    })
+
+
+if __name__ == "__main__":
+    main()
