@@ -1,73 +1,226 @@
-"""Mutual training with the real-small preset: SmolLM2-135M-Instruct + Gemma-3-270M.
+"""Real models trained together: SmolLM2-135M-Instruct (Llama, 49k BPE) x Gemma-3-270M (Gemma, 262k
+SentencePiece), from PyPI wheels, offline.
 
-    python benchmarks/mutual_real_small.py [--steps N] [--arms independent,sgt] [--minutes M]
+    python benchmarks/mutual_real_small.py [--steps 100] [--arms independent,xgrpo] [--zero-shot-only]
 
-Runs each arm on the same seed and prompts from examples/real_small.yaml (scaled by the flags)
-and writes benchmarks/results/mutual_real_small.json with the same per-arm keys as mutual.json.
-Needs `mutualrl models prepare real-small` (done on demand).
+1. **Zero-shot study**: greedy exact accuracy of both models on candidate reasoning-gym task types
+   (``--zero-shot-size`` problems each) under each model's prompt formats and two answer
+   extractions. Each model keeps its best format; the extraction (shared by the task's verifier)
+   is the one best for both together.
+2. **The task mix, by measurement**: the two candidate types on which the models are most
+   complementary (model A better on one, B on the other, both partly able), equal weights.
+3. **The arms**: each on the same seed, steps and prompts, from the real-small preset
+   (``examples/real_small.yaml``) with that mix; held-out greedy exact accuracy on
+   ``--eval-size`` problems at ``--evals`` points; the paper-style curves and the THL residual of the
+   pair (``mutualrl thl report``'s measures on the run's completions) in the report.
+
+Writes ``benchmarks/results/mutual_real_small.json``: ``policies``, ``tasks``, ``steps``,
+``prompts_per_step``, ``num_generations``, ``eval_size``, ``zero_shot``, ``arms`` -> arm ->
+``per_policy_initial``/``_final``/``_best``, ``avg_test_acc_final``, ``wall_s``; ``thl_residual``;
+the common keys; and the report under ``benchmarks/results/mutual_real_small_report/``.
+It takes about an hour on 2 cores: run it alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
+import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import git_rev, machine, write_result  # noqa: E402
+from _common import RESULTS, git_rev, machine, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+TWO = {"min_terms": 2, "max_terms": 2, "allow_parentheses": False, "allow_negation": False}
+CANDIDATES: dict[str, dict[str, Any]] = {
+    "add": {"name": "basic_arithmetic", "config": {**TWO, "min_digits": 2, "max_digits": 2, "operators": ["+"]}},
+    "sub": {"name": "basic_arithmetic", "config": {**TWO, "min_digits": 2, "max_digits": 2, "operators": ["-"]}},
+    "mul": {"name": "basic_arithmetic", "config": {**TWO, "min_digits": 1, "max_digits": 1, "operators": ["*"]}},
+    "gcd": {"name": "gcd", "config": {"min_numbers": 2, "max_numbers": 2, "min_value": 2, "max_value": 40}},
+    "legs": {"name": "leg_counting", "config": {"min_animals": 1, "max_animals": 2, "min_instances": 1,
+                                                "max_instances": 3}},
+}
+"""Task types both small models might partly solve."""
+
+FORMATS: dict[str, list[dict[str, Any]]] = {
+    "smollm2": [{"prompt_template": "chat", "system_prompt": "Answer with only the final number."},
+                {"prompt_template": "Question: {question}\nAnswer:"},
+                {"prompt_template": "{question} Answer: "}],
+    "gemma3": [{"prompt_template": "Question: {question}\nAnswer:"},
+               {"prompt_template": "{question} Answer: "},
+               {"prompt_template": "Q: {question}\nA:"}],
+}
+EXTRACTIONS = ("first_number", "last_number")
+
+
+def zero_shot(n: int, max_new: int) -> dict[str, Any]:
+    """Greedy exact accuracy per model, format, extraction and task type."""
+    import torch
+
+    from mutualrl.config import GRPOOptions
+    from mutualrl.modelref import resolve_model_path
+    from mutualrl.tasks import GymSource, Task
+
+    sources = [GymSource(c["name"], k, c["config"]) for k, c in CANDIDATES.items()]
+    task = Task(sources, [1.0] * len(sources), test_size=n * len(sources), train_size=len(sources) * 50, seed=0)
+    out: dict[str, Any] = {}
+    for model, formats in FORMATS.items():
+        path = resolve_model_path(f"real:{model}")
+        out[model] = []
+        for fmt in formats:
+            from mutualrl.policy import Policy
+
+            pol = Policy(model, path, GRPOOptions(max_completion_length=max_new), **fmt)
+            row: dict[str, Any] = {**fmt, "accuracy": {}}
+            t = time.perf_counter()
+            for src in task.source_names:
+                probs = task.test[src][:n]
+                with torch.no_grad():
+                    texts = [s.text for s in pol.generate([p.question for p in probs], greedy=True, batch_size=50)]
+                for ex in EXTRACTIONS:
+                    task.answer_extraction = ex
+                    ok = [task.is_success(task.verify(p, t_)) for p, t_ in zip(probs, texts, strict=True)]
+                    row["accuracy"].setdefault(ex, {})[src] = sum(ok) / len(ok)
+            row["seconds"] = time.perf_counter() - t
+            out[model].append(row)
+            print(f"zero-shot {model:8s} {fmt['prompt_template'][:28]!r:32s} " + "  ".join(
+                f"{ex}: " + " ".join(f"{k} {v:.2f}" for k, v in row["accuracy"][ex].items()) for ex in EXTRACTIONS),
+                flush=True)
+            del pol
+    return out
+
+
+def choose(zs: dict[str, Any]) -> dict[str, Any]:
+    """Best format per model and the shared extraction; the most complementary pair of types."""
+    best: dict[str, Any] = {}
+    for ex in EXTRACTIONS:
+        fmts = {m: max(rows, key=lambda r: statistics.fmean(r["accuracy"][ex].values())) for m, rows in zs.items()}
+        score = sum(statistics.fmean(f["accuracy"][ex].values()) for f in fmts.values())
+        if not best or score > best["score"]:
+            best = {"extraction": ex, "formats": fmts, "score": score}
+    ex, (a, b) = best["extraction"], list(zs)
+    acc = {m: best["formats"][m]["accuracy"][ex] for m in (a, b)}
+    pairs = []
+    for t1, t2 in itertools.permutations(CANDIDATES, 2):
+        # a better on t1, b better on t2, and each model partly able on its weaker type
+        gain = (acc[a][t1] - acc[b][t1]) + (acc[b][t2] - acc[a][t2])
+        floor = min(acc[a][t2], acc[b][t1], acc[a][t1], acc[b][t2])
+        pairs.append((gain + 0.5 * floor, t1, t2))
+    _, t1, t2 = max(pairs)
+    return {"extraction": ex, "formats": {m: {k: v for k, v in f.items() if k not in ("accuracy", "seconds")}
+                                          for m, f in best["formats"].items()},
+            "tasks": [t1, t2], "accuracy": {m: {t: acc[m][t] for t in (t1, t2)} for m in (a, b)}}
+
+
+def run_config(choice: dict[str, Any], arm: str, args: argparse.Namespace) -> dict[str, Any]:
+    import yaml
+
+    base = yaml.safe_load((ROOT / "examples" / "real_small.yaml").read_text())
+    for pol in base["policies"]:
+        pol.pop("system_prompt", None)
+        pol.update(choice["formats"][pol["name"]])
+    base["task"] = {"datasets": [{**CANDIDATES[t], "alias": t} for t in choice["tasks"]],
+                    "answer_extraction": choice["extraction"], "test_size": args.eval_size, "train_size": 4000,
+                    "reward": "exact", "seed": 0}
+    base["grpo"] = {**base["grpo"], "num_generations": args.generations}
+    base["sharing"] = {**base.get("sharing", {}), "strategy": arm}
+    base.update(steps=args.steps, prompts_per_step=args.prompts, eval_size=args.eval_size,
+                eval_every=max(1, args.steps // (args.evals - 1)), checkpoint_every=10**6, seed=args.seed)
+    return base
+
+
+def thl_residual(run_dirs: list[Path]) -> dict[str, Any]:
+    """THL's residual of the pair (SmolLM2 -> Gemma-3 and back) on the completions the runs sampled."""
+    from transformers import AutoTokenizer
+
+    from mutualrl.exchange import open_exchange
+    from mutualrl.modelref import resolve_model_path
+    from mutualrl.thl.align import align_batch
+    from mutualrl.thl.residual import pair_report
+
+    from mutualrl.config import load_config
+    from mutualrl.tasks.build import build_task
+
+    texts: list[str] = []
+    for d in run_dirs:
+        ids = sorted(build_task(load_config(str(d / "config.yaml"), check_paths=False).task).known_ids())
+        with open_exchange(f"sqlite:///{(d / 'exchange.db').resolve()}") as ex:
+            texts.extend(r.completion for r in ex.query(ids, kinds=["rollout"], limit=2000))
+    toks = {m: AutoTokenizer.from_pretrained(resolve_model_path(f"real:{m}")) for m in ("smollm2", "gemma3")}
+    texts = [t for t in texts if t]
+    return {"texts": len(texts),
+            "smollm2_to_gemma3": pair_report(align_batch(texts, toks["smollm2"], toks["gemma3"])).as_dict(),
+            "gemma3_to_smollm2": pair_report(align_batch(texts, toks["gemma3"], toks["smollm2"])).as_dict()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--arms", default="independent,prp,xgrpo,sgt")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--arms", default="independent,xgrpo")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--generations", type=int, default=4)
-    ap.add_argument("--eval-size", type=int, default=100)
+    ap.add_argument("--eval-size", type=int, default=200)
+    ap.add_argument("--evals", type=int, default=6, help="evaluation points (start and end included)")
+    ap.add_argument("--zero-shot-size", type=int, default=100)
+    ap.add_argument("--zero-shot-only", action="store_true")
     ap.add_argument("--out", default="runs/bench_real_small")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    import shutil
-
-    import yaml
+    import torch
 
     from mutualrl.config import load_config
-    from mutualrl.report import load_run, summarize
+    from mutualrl.realmodels import prepare_preset
+    from mutualrl.report import load_run, summarize, write_report
     from mutualrl.trainer import MutualTrainer
 
-    base = yaml.safe_load((ROOT / "examples" / "real_small.yaml").read_text())
-    arms = [a.strip() for a in args.arms.split(",")]
+    torch.set_num_threads(os.cpu_count() or 1)
     t0 = time.perf_counter()
+    load0 = os.getloadavg()[0]
+    prepare_preset("real-small", progress=False)
+    zs = zero_shot(args.zero_shot_size, 12)
+    choice = choose(zs)
+    print(f"task mix: {choice['tasks']} (zero-shot {choice['accuracy']}), extraction {choice['extraction']}, "
+          f"formats {choice['formats']}", flush=True)
+    result: dict[str, Any] = {"zero_shot": zs, "choice": choice, "candidates": CANDIDATES}
+    arms = [a.strip() for a in args.arms.split(",")] if not args.zero_shot_only else []
     dirs, wall = [], {}
     for arm in arms:
-        d = dict(base)
-        d["sharing"] = {**base.get("sharing", {}), "strategy": arm}
-        d["grpo"] = {**base["grpo"], "num_generations": args.generations}
-        d.update(steps=args.steps, prompts_per_step=args.prompts, eval_size=args.eval_size,
-                 eval_every=max(1, args.steps // 2), checkpoint_every=100000, seed=args.seed)
         out = Path(args.out) / arm
         if out.exists():
             shutil.rmtree(out)
         t = time.perf_counter()
-        MutualTrainer(load_config(d), out, progress=False).train()
+        MutualTrainer(load_config(run_config(choice, arm, args)), out, progress=False).train()
         wall[arm] = time.perf_counter() - t
         dirs.append(out)
-        print(f"done {arm} in {wall[arm]:.0f}s", file=sys.stderr)
-    summ = summarize([load_run(x) for x in dirs])
-    for arm, s in summ.items():
-        s["wall_s"] = wall[arm]
-        print(f"{arm:<14} final avg acc {s['avg_test_acc_final']['mean']:.3f}  initial "
-              f"{s['initial_avg_test_acc']:.3f}  wall {wall[arm]:.0f}s")
+        print(f"done {arm} in {wall[arm]:.0f}s", flush=True)
+    if dirs:
+        summ = summarize([load_run(x) for x in dirs])
+        for arm, s in summ.items():
+            s["wall_s"] = wall[arm]
+            print(f"{arm:<14} average {s['avg_test_acc_initial']['mean']:.3f} -> {s['avg_test_acc_final']['mean']:.3f}"
+                  f"  per policy " + ", ".join(f"{p} {s['per_policy_initial'][p]['mean']:.3f} -> "
+                                              f"{s['per_policy_final'][p]['mean']:.3f}" for p in s["per_policy_final"])
+                  + f"  ({wall[arm]:.0f}s)", flush=True)
+        write_report(dirs, RESULTS / "mutual_real_small_report", title="mutualrl real-small: SmolLM2-135M x Gemma-3-270M",
+                     notes=[f"Task mix chosen by the zero-shot study: {', '.join(choice['tasks'])}; "
+                            f"{args.prompts} prompts x {args.generations} samples per step."])
+        result.update(arms=summ, thl_residual=thl_residual(dirs))
+    mach = machine()
+    mach["load_avg"] = {"start": load0, "end": os.getloadavg()[0]}
     write_result("mutual_real_small", {
-        "policies": ["smollm2 (SmolLM2-135M-Instruct)", "gemma3 (Gemma-3-270M)"],
-        "tasks": ["basic_arithmetic (2-digit + and -)"], "seeds": [args.seed], "steps": args.steps,
-        "prompts_per_step": args.prompts, "num_generations": args.generations, "eval_size": args.eval_size,
-        "arms": summ, "machine": machine(), "quick": False, "wall_s": time.perf_counter() - t0,
-        "git_rev": git_rev(),
+        "policies": ["smollm2 (SmolLM2-135M-Instruct)", "gemma3 (Gemma-3-270M)"], "tasks": choice["tasks"],
+        "steps": args.steps, "prompts_per_step": args.prompts, "num_generations": args.generations,
+        "eval_size": args.eval_size, "seeds": [args.seed], **result,
+        "config": run_config(choice, arms[0] if arms else "independent", args),
+        "targets": {"steps": 100, "independent_best_policy_gain_pts": 5, "sharing_avg_final_vs_independent": 0},
+        "machine": mach, "quick": False, "wall_s": time.perf_counter() - t0, "git_rev": git_rev(),
     })
 
 

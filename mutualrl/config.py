@@ -101,7 +101,7 @@ class TaskConfig:
     train_size: int = 20000
     seed: int = 0
     answer_extraction: str = "first_line"
-    """``first_line``, ``last_number``, ``boxed``, ``raw`` or ``regex:<pattern>``."""
+    """``first_line``, ``last_number``, ``first_number``, ``boxed``, ``raw`` or ``regex:<pattern>``."""
     reward_functions: list[str] = field(default_factory=list)
     """Extra TRL-style reward functions by import path ``package.module:function``."""
     reward_timeout_s: float = 10.0

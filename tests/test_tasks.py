@@ -73,6 +73,8 @@ def test_zoo_verifier(zoo_task):
     ("The answer is 1,234 or maybe -5.5 then", "last_number", "-5.5"),
     ("total: 1,234", "last_number", "1234"),
     ("no digits here", "last_number", None),
+    (" 42\n\nQuestion: what is 7 + 1?", "first_number", "42"),
+    ("no digits here", "first_number", None),
     (r"first \boxed{3} then \boxed{ 7 }", "boxed", "7"),
     ("no box", "boxed", None),
     ("ans=12; ans=34", r"regex:ans=(\d+)", "34"),

@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from mutualrl.engines.base import (
     Generation,
@@ -21,7 +20,7 @@ from mutualrl.engines.base import (
     cache_kwarg,
     dedupe_prompts,
     left_pad,
-    top_p_filter,
+    sample_tokens,
 )
 
 
@@ -98,15 +97,7 @@ class HFEngine:
             gen = torch.Generator(device=dev).manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.generator)))
         steps = 0
         for t in range(max_new):
-            if params.greedy:
-                logp = F.log_softmax(logits, dim=-1)
-                tok = logp.argmax(-1)
-            else:
-                logp = F.log_softmax(logits / params.temperature, dim=-1)
-                if params.top_p < 1.0:
-                    logp = top_p_filter(logp, params.top_p)
-                tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
-            tok_lp = logp.gather(1, tok.unsqueeze(1)).squeeze(1)
+            tok, tok_lp = sample_tokens(logits, params.temperature, params.top_p, gen, params.greedy)
             out_tok[:, t] = tok.masked_fill(finished, self.pad_id)
             out_lp[:, t] = tok_lp.masked_fill(finished, 0.0)
             lengths += ~finished

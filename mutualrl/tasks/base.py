@@ -66,7 +66,9 @@ _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 def extract_answer(text: str, mode: str = "first_line") -> str | None:
     """Pull the answer out of a completion.
 
-    Modes: ``first_line`` (strip, first non-empty line), ``last_number`` (last integer/decimal),
+    Modes: ``first_line`` (strip, first non-empty line), ``last_number`` / ``first_number`` (the
+    last / first integer or decimal; a base model's first number is its answer, what follows is it
+    continuing the text),
     ``boxed`` (content of the last ``\\boxed{...}``), ``regex:<pattern>`` (group 1, or the whole
     match), ``raw`` (the stripped text).
     """
@@ -77,9 +79,9 @@ def extract_answer(text: str, mode: str = "first_line") -> str | None:
             if line.strip():
                 return line.strip()
         return ""
-    if mode == "last_number":
+    if mode in ("last_number", "first_number"):
         nums = _NUMBER.findall(text.replace(",", ""))
-        return nums[-1] if nums else None
+        return (nums[-1] if mode == "last_number" else nums[0]) if nums else None
     if mode == "boxed":
         found = _BOXED.findall(text)
         return found[-1].strip() if found else None
@@ -95,7 +97,7 @@ def extract_answer(text: str, mode: str = "first_line") -> str | None:
 
 def validate_extraction_mode(mode: str) -> str | None:
     """Return an error message if ``mode`` is not a valid extraction mode, else None."""
-    if mode in ("raw", "first_line", "last_number", "boxed"):
+    if mode in ("raw", "first_line", "last_number", "first_number", "boxed"):
         return None
     if mode.startswith("regex:"):
         try:
@@ -103,7 +105,7 @@ def validate_extraction_mode(mode: str) -> str | None:
         except re.error as exc:
             return f"invalid regular expression: {exc}"
         return None
-    return "expected one of first_line, last_number, boxed, raw, regex:<pattern>"
+    return "expected one of first_line, last_number, first_number, boxed, raw, regex:<pattern>"
 
 
 # ----------------------------------------------------------------------------- the mixture task
