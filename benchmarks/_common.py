@@ -36,9 +36,14 @@ def git_rev() -> str:
 
 
 def write_result(name: str, data: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
+    """Write ``benchmarks/results/<name>.json`` atomically."""
+    return write_result_to(RESULTS / f"{name}.json", data)
+
+
+def write_result_to(path: Path, data: dict[str, Any]) -> Path:
+    """Write ``data`` as JSON to exactly ``path`` (atomically: temporary file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=False))
     os.replace(tmp, path)
     print(f"wrote {path}", file=sys.stderr)

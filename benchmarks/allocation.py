@@ -82,7 +82,7 @@ def run_config(models: list[Path], exchange: str, quick: bool) -> Any:
     return load_config({
         "policies": [{"name": f"p{i}", "model": str(m)} for i, m in enumerate(models)],
         "task": {"preset": "zoo", "test_size": 20},
-        "grpo": {"num_generations": 8, "max_completion_length": 8},
+        "grpo": {"num_generations": 8, "max_completion_length": 8, "dynamic_sampling": "off"},
         "sharing": {"strategy": "xgrpo" if len(models) > 1 else "independent"},
         "prompts_per_step": 8, "seed": SEED, "exchange": exchange, "step_timeout_s": 600.0,
     }, check_paths=False)

@@ -80,7 +80,8 @@ def measure(policies: list[tuple[str, str]], *, steps: int, warmup: int, threads
     cfg = {
         "policies": [{"name": n, "model": str(d)} for n, d in policies],
         "task": {"preset": "zoo", "test_size": 100},
-        "grpo": grpo, "sharing": {"strategy": strategy}, "steps": steps, "prompts_per_step": prompts,
+        "grpo": {**grpo, "dynamic_sampling": "off"}, "sharing": {"strategy": strategy}, "steps": steps,
+        "prompts_per_step": prompts,
         "eval_every": 10 ** 6, "eval_size": 2, "eval_batch_size": 2, "checkpoint_every": 10 ** 6,
         "seed": seed, "exchange": "memory://", "scheduler": "sequential", "threads": threads,
     }

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _perf
-from _common import git_rev, machine, write_result
+from _common import git_rev, machine, write_result, write_result_to
 
 SCRIPT = Path(__file__).resolve()
 
@@ -167,10 +167,11 @@ def child_mutualrl(s: dict[str, Any]) -> dict[str, Any]:
 
     cfg = {
         "policies": [{"name": "p", "model": str(mdir)}],
-        "task": {"preset": "zoo", "test_size": TEST_SIZE, "train_size": TRAIN_SIZE},
-        "grpo": {k: s[k] for k in ("num_generations", "learning_rate", "beta", "epsilon", "num_iterations",
-                                   "loss_type", "scale_rewards", "max_completion_length", "temperature",
-                                   "max_grad_norm", "dtype")},
+        # the same reward as TRL's (the verifier's score) and every row trained, as TRL trains them
+        "task": {"preset": "zoo", "test_size": TEST_SIZE, "train_size": TRAIN_SIZE, "reward": "score"},
+        "grpo": {**{k: s[k] for k in ("num_generations", "learning_rate", "beta", "epsilon", "num_iterations",
+                                      "loss_type", "scale_rewards", "max_completion_length", "temperature",
+                                      "max_grad_norm", "dtype")}, "dynamic_sampling": "off"},
         "sharing": {"strategy": "independent"},
         "steps": s["steps"], "prompts_per_step": s["prompts_per_step"], "eval_every": 10 ** 6,
         "eval_size": 2, "eval_batch_size": 2, "checkpoint_every": 10 ** 6, "seed": s["seed"],
@@ -375,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--completion-len", type=int, default=32, help="max_completion_length (always reached)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of both systems")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--out", default=None, help="result name (default vs_trl / vs_trl_gpu)")
+    ap.add_argument("--out", default=None, help="result file (default benchmarks/results/vs_trl.json, vs_trl_gpu.json "
+                    "on CUDA, *_quick.json with --quick); written exactly where given")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -409,10 +411,10 @@ def main(argv: list[str] | None = None) -> int:
     data = {"cases": results, "matmul_peak_flops": peaks, "matmul_peak_flops_start_end": [peaks, peaks_end],
             "load_avg_1m_seen": loads, "machine": machine(), "quick": args.quick,
             "wall_s": time.perf_counter() - t0, "git_rev": git_rev(), "device": args.device}
-    name = args.out or ("vs_trl_gpu" if args.device == "cuda" else "vs_trl")
-    if args.quick and not args.out:
-        name += "_quick"
-    write_result(name, data)
+    if args.out:
+        write_result_to(Path(args.out), data)
+    else:
+        write_result(("vs_trl_gpu" if args.device == "cuda" else "vs_trl") + ("_quick" if args.quick else ""), data)
     return 0
 
 
