@@ -25,13 +25,15 @@ RESULT_TAG = "BENCH_RESULT "
 
 
 def model_dir(name: str, max_positions: int | None = None) -> tuple[Path, str]:
-    """``(directory, description)`` of a benchmark model: ``zoo:<spec>`` or ``smollm2``.
+    """``(directory, description)`` of a benchmark model: ``zoo:<spec>``, ``smollm2`` or a directory.
 
     With ``max_positions`` a zoo spec is always the untrained variant with that many positions."""
     if name == "smollm2":
-        from mutualrl.realmodels import resolve_model_ref
+        from mutualrl.modelref import ModelRef
 
-        return Path(resolve_model_ref("real:smollm2")), "SmolLM2-135M-Instruct (real:smollm2)"
+        return Path(ModelRef.parse("real:smollm2").resolve(progress=False)), "SmolLM2-135M-Instruct (real:smollm2)"
+    if Path(name).is_dir():
+        return Path(name), f"model directory {name}"
     if name.startswith("zoo:"):
         from mutualrl import zoo
 

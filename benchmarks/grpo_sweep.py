@@ -37,12 +37,13 @@ from _common import git_rev, machine, write_result  # noqa: E402
 BASE: dict[str, Any] = {
     "task": {"preset": "zoo", "test_size": 800, "seed": 0, "reward": "score"},
     "grpo": {"num_generations": 8, "learning_rate": 1e-4, "max_completion_length": 6, "temperature": 1.0,
-             "loss_type": "dr_grpo", "scale_rewards": "group"},
+             "loss_type": "dr_grpo", "scale_rewards": "group", "dynamic_sampling": "off"},
     "prompts_per_step": 16,
     "eval_size": 800,
     "checkpoint_every": 100000,
 }
-"""The settings every variant starts from (the old demo's): 16 prompts x 8, lr 1e-4, partial credit."""
+"""The settings every variant starts from (the old demo's): 16 prompts x 8, lr 1e-4, partial credit,
+every group in the update."""
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "base": {},

@@ -229,6 +229,9 @@ class Policy:
         ids = self.tokenizer(text, add_special_tokens=add_special)["input_ids"]
         while ids and ids[-1] in self.eos_ids:  # some post-processors append EOS; a prompt must not end
             ids = ids[:-1]
+        if not ids:
+            raise ValueError(f"the prompt {text[:60]!r} encodes to no tokens with the tokenizer of "
+                             f"{self.model_path!r}; check prompt_template and the tokenizer files")
         return list(ids)
 
     def encode_completion(self, prompt_ids: Sequence[int] | None, text: str, add_eos: bool = True) -> list[int]:

@@ -222,6 +222,8 @@ class PolicyWorker:
         m = dict(batch.metrics)
         m.update(stats)
         m["sync_s"] = t_sync
+        if self.policy.device.type == "cuda":
+            m["cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.policy.device) / 2**20
         m.update({"update_s": time.perf_counter() - t0, "train_s": time.perf_counter() - t2,
                   "query_s": t_q, "share_s": t_share, "peer_rows_untrusted": untrusted_rows,
                   "train_tokens": sum(len(r.completion_ids) for r in batch.rows)})

