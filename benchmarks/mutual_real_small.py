@@ -68,7 +68,7 @@ def zero_shot(n: int, max_new: int) -> dict[str, Any]:
     from mutualrl.tasks import GymSource, Task
 
     sources = [GymSource(c["name"], k, c["config"]) for k, c in CANDIDATES.items()]
-    task = Task(sources, [1.0] * len(sources), test_size=n * len(sources), train_size=len(sources) * 50, seed=0)
+    task = Task(sources, [1.0] * len(sources), test_size=n * len(sources), train_size=len(sources) * 600, seed=0)
     out: dict[str, Any] = {}
     for model, formats in FORMATS.items():
         path = resolve_model_path(f"real:{model}")

@@ -26,7 +26,21 @@ def reward_digit_start(prompts, completions, **columns):
     return [1.0 if c[:1].isdigit() else 0.0 for c in completions]
 
 
-REWARD_FN = f"{__name__}:reward_digit_start"
+def reward_digit_share(prompts, completions, **columns):
+    """A denser learnable reward: the share of a completion's characters that are digits. Untrained
+    tiny GPT-2 (271 byte-level tokens, 10 of them digits) starts a completion with a digit ~4% of the
+    time, so the start-only reward leaves most groups without variance; every digit counts here."""
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def reward_brevity(prompts, completions, **columns):
+    """A dense reward: shorter decoded completions score higher. Sampled completions differ in length
+    almost surely, so every group has reward variance and every strategy's run must move the weights."""
+    return [-len(c) / 100 for c in completions]
+
+
+REWARD_FN = f"{__name__}:reward_digit_share"
+BREVITY_FN = f"{__name__}:reward_brevity"
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +57,7 @@ def _config(tiny_models, digits_file, strategy: str) -> dict:
         "policies": [{"name": "a", "model": str(tiny_models["tiny-gpt2"])},
                      {"name": "b", "model": str(tiny_models["tiny-llama"])}],
         "task": {"datasets": [{"path": str(digits_file), "alias": "digits"}], "test_size": 8, "train_size": 40,
-                 "answer_extraction": r"regex:(\d)", "reward_functions": [REWARD_FN]},
+                 "answer_extraction": r"regex:(\d)", "reward_functions": [REWARD_FN, BREVITY_FN]},
         "grpo": {"num_generations": 4, "max_completion_length": 4, "learning_rate": 1e-2, "dynamic_sampling": "off"},
         "sharing": {"strategy": strategy},
         "steps": 2, "prompts_per_step": 4, "eval_every": 2, "eval_size": 8, "checkpoint_every": 1,
