@@ -38,7 +38,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (each in its own process, "
                     "torch threads = cores / jobs)")
     ap.add_argument("--one", nargs=3, metavar=("ARM", "SEED", "DIR"), help=argparse.SUPPRESS)
-    ap.add_argument("--reuse", action="store_true", help="keep runs that already finished in --out")
+    ap.add_argument("--reuse", action="store_true", help="keep runs that already finished in --out and resume "
+                    "interrupted ones from their last checkpoint")
+    ap.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--set", default=None, help="JSON merged into the demo config (e.g. sharing options)")
     args = ap.parse_args()
     if args.one:
@@ -59,13 +61,17 @@ def main() -> None:
     jobs = [(arm, seed, out / f"{arm}-seed{seed}") for seed in seeds for arm in arms]  # arms alternate
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     running: list = []
+    resumed: list[str] = []
     for arm, seed, d in jobs:
         if args.reuse and (d / "summary.json").is_file():
             running.append((arm, seed, d, time.perf_counter(), subprocess.Popen(["true"])))
             continue
-        if d.exists():
+        resume = args.reuse and (d / "checkpoints" / "LATEST").is_file()
+        if resume:
+            resumed.append(f"{arm}-seed{seed}")
+        elif d.exists():
             shutil.rmtree(d)
-        cmd = [sys.executable, __file__, "--one", arm, str(seed), str(d)]
+        cmd = [sys.executable, __file__, "--one", arm, str(seed), str(d)] + (["--resume"] if resume else [])
         if args.quick:
             cmd.append("--quick")
         if args.steps:
@@ -112,6 +118,7 @@ def main() -> None:
                     "prp_minus_independent_pts": -2},
         "deltas_pts": {a: 100 * (summ[a]["avg_test_acc_final"]["mean"] - base) for a in summ} if base is not None
         else {},
+        "resumed_runs": resumed,  # finished from their last checkpoint after an interruption (wall_s: the last part)
         "machine": mach, "jobs": args.jobs, "quick": args.quick, "wall_s": time.perf_counter() - t0,
         "git_rev": git_rev(),
     })
@@ -137,7 +144,7 @@ def _run_one(args: argparse.Namespace) -> None:
 
     arm, seed, d = args.one
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    MutualTrainer(load_config(_config(arm, int(seed), args)), Path(d), progress=False).train()
+    MutualTrainer(load_config(_config(arm, int(seed), args)), Path(d), resume=args.resume, progress=False).train()
 
 
 if __name__ == "__main__":
