@@ -3,6 +3,7 @@
 * :func:`model_dir` -- the benchmark's models: a zoo policy (the built one when it is in the zoo
   cache, else an untrained model of the same zoo spec and tokenizer kind, built once under
   ``benchmarks/.cache``) and SmolLM2-135M-Instruct (``real:smollm2``).
+* :func:`decode_bytes`, :func:`memory_bandwidth` -- the memory-bandwidth bound of decoding;
 * :func:`train_flops` -- model FLOPs of one GRPO update (forward + backward), the same formula for
   every system so that MFU ratios equal throughput ratios.
 * :func:`matmul_peak` -- the measured dense matmul peak of this machine for a dtype.
@@ -112,6 +113,35 @@ def gen_flops(params: dict[str, int], n_layer: int, d_model: int, prompt_tokens:
     """Model FLOPs of sampling: a prefill over the prompts plus one forward per new token."""
     fwd_tok = 2.0 * params["body"] + 4.0 * n_layer * d_model * seq_len
     return fwd_tok * (prompt_tokens + gen_tokens) + 2.0 * params["head"] * gen_tokens
+
+
+def decode_bytes(weight_bytes: float, n_layer: int, kv_dim: int, elem_bytes: int, rows: int,
+                 prompt_len: int, new_tokens: int) -> float:
+    """Bytes a batched decoder must read from memory to sample ``new_tokens`` tokens for ``rows``
+    sequences after a ``prompt_len`` prefill: every decoding step reads every weight once (the
+    batch shares them) and each row's whole KV cache so far (keys and values of every layer)."""
+    cache_tokens = rows * sum(prompt_len + t for t in range(new_tokens))
+    return weight_bytes * new_tokens + 2.0 * n_layer * kv_dim * elem_bytes * cache_tokens
+
+
+def memory_bandwidth(device: str = "cpu", mbytes: int = 512, seconds: float = 1.5) -> float:
+    """Best achieved read bandwidth in bytes/s (a reduction over a ``mbytes`` fp32 tensor, far larger
+    than the caches; torch threads as set)."""
+    import torch
+
+    x = torch.ones(mbytes * 2 ** 18, device=device)  # 4 bytes each
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while True:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        x.sum()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - t))
+        if time.perf_counter() > deadline:
+            return best
 
 
 def matmul_peak(dtype: str = "float32", device: str = "cpu", n: int = 1024, seconds: float = 1.5) -> float:

@@ -81,6 +81,15 @@ def _model_shape(model: Any) -> tuple[int, int]:
     return int(n_layer), int(d)
 
 
+def _kv_dim(model: Any) -> int:
+    """Width of one layer's keys (= values) per token: KV heads x head size."""
+    c = model.config
+    d = getattr(c, "hidden_size", None) or c.n_embd
+    heads = getattr(c, "num_attention_heads", None) or c.n_head
+    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    return int(kv_heads * (getattr(c, "head_dim", None) or d // heads))
+
+
 def _peak_memory_mb(device: str) -> float | None:
     if device == "cuda":
         import torch
@@ -104,6 +113,13 @@ def _summarise_steps(s: dict[str, Any], model: Any, rows: list[dict[str, float]]
                                     r["completion_tokens"], r["rows"], r["seq_len"]) for r in keep)
     gen_fl = sum(_perf.gen_flops(params, n_layer, d, r["prompt_tokens"], r["completion_tokens"], r["seq_len"])
                  for r in keep)
+    # the physical limits of this work (the parent divides by the measured bandwidth and peak)
+    prefill_fl = sum(_perf.gen_flops(params, n_layer, d, r["prompt_tokens"], 0, r["seq_len"]) for r in keep)
+    elem = 2 if s["dtype"] == "bfloat16" else 4
+    kv = _kv_dim(model)
+    t_new = s["max_completion_length"]
+    dec_bytes = sum(_perf.decode_bytes((params["body"] + params["head"]) * elem, n_layer, kv, elem, int(r["rows"]),
+                                       int(r["seq_len"]) - t_new, t_new) for r in keep)
     out.update({
         "step_s": [r["step_s"] for r in keep],
         "step_s_median": _perf.median([r["step_s"] for r in keep]),
@@ -120,6 +136,10 @@ def _summarise_steps(s: dict[str, Any], model: Any, rows: list[dict[str, float]]
         "train_flops_per_s": train_fl / tot["train_s"],
         "train_exec_flops_per_s": exec_fl / tot["train_s"],
         "gen_flops_per_s": gen_fl / tot["generate_s"],
+        "bound_inputs": {"prefill_flops_per_step": prefill_fl / len(keep),
+                         "decode_flops_per_step": (gen_fl - prefill_fl) / len(keep),
+                         "decode_bytes_per_step": dec_bytes / len(keep), "train_flops_per_step": train_fl / len(keep),
+                         "completion_tokens_per_step": tot["completion_tokens"] / len(keep)},
     })
     return out
 
@@ -338,6 +358,8 @@ def run_case(case: str, s: dict[str, Any], repeats: int) -> dict[str, Any]:
         out[f"{system}_per_repeat_tokens_per_s"] = [x["tokens_per_s"] for x in ok]
         out[f"{system}_reward_mean"] = [x.get("reward_mean") for x in ok]
         out["params"] = ok[0]["params"]
+        if system == "mutualrl" and "bound_inputs" in ok[0]:
+            out["bound_inputs"] = ok[0]["bound_inputs"]
     if "mutualrl_tokens_per_s" in out and "trl_tokens_per_s" in out:
         out["ratio"] = out["mutualrl_tokens_per_s"] / out["trl_tokens_per_s"]
         out["ratio_cpu"] = out["mutualrl_cpu_tokens_per_s"] / out["trl_cpu_tokens_per_s"]
@@ -361,6 +383,32 @@ def add_mfu(case: dict[str, Any], peaks: dict[str, float]) -> None:
             case[f"{system}_gen_mfu"] = case[f"{system}_gen_flops_per_s"] / peak
             # FLOPs actually executed (mutualrl runs a group's prompt once): hardware FLOPs utilisation
             case[f"{system}_hfu"] = case[f"{system}_train_exec_flops_per_s"] / peak
+
+
+def add_bounds(case: dict[str, Any], peak: float, bandwidth: float) -> None:
+    """The physical limits of the case's work on this machine, beside the measured figures.
+
+    Decoding: each step reads every weight and the batch's KV cache so far, so the sampling time is
+    at least ``decode bytes / bandwidth`` (or ``decode FLOPs / peak`` where that is larger), plus
+    the prefill's FLOPs at peak. Training: the update's model FLOPs (~6 N per token plus the
+    attention products) at peak. ``*_frac_of_bound`` = measured / bound throughput."""
+    b = case.get("bound_inputs")
+    if not b or not peak or not bandwidth:
+        return
+    tok = b["completion_tokens_per_step"]
+    decode_s = max(b["decode_bytes_per_step"] / bandwidth, b["decode_flops_per_step"] / peak)
+    gen_s = b["prefill_flops_per_step"] / peak + decode_s
+    train_s = b["train_flops_per_step"] / peak
+    bounds = {"memory_bandwidth_bytes_per_s": bandwidth, "matmul_peak_flops": peak,
+              "decode_memory_bound": b["decode_bytes_per_step"] / bandwidth >= b["decode_flops_per_step"] / peak,
+              "gen_tokens_per_s": tok / gen_s, "train_tokens_per_s": tok / train_s,
+              "tokens_per_s": tok / (gen_s + train_s)}
+    case["bounds"] = bounds
+    for system in ("mutualrl", "trl"):
+        for key, bound in (("generated_tokens_per_s", "gen_tokens_per_s"), ("trained_tokens_per_s", "train_tokens_per_s"),
+                           ("tokens_per_s", "tokens_per_s")):
+            if f"{system}_{key}" in case:
+                case[f"{system}_{key.replace('_per_s', '')}_frac_of_bound"] = case[f"{system}_{key}"] / bounds[bound]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     loads = [__import__("os").getloadavg()[0]]
     dtypes = sorted({CASES[c][1] for c in cases})
     peaks = {dt: _perf.matmul_peak(dt, args.device) for dt in dtypes}
+    bandwidth = _perf.memory_bandwidth(args.device)
     for c in cases:  # build/locate models before timing anything
         print(f"{c}: {_perf.model_dir(CASES[c][0])[1]}", file=sys.stderr)
     results: dict[str, Any] = {}
@@ -405,10 +454,12 @@ def main(argv: list[str] | None = None) -> int:
         loads.append(__import__("os").getloadavg()[0])
     peaks_end = {dt: _perf.matmul_peak(dt, args.device) for dt in dtypes}
     peaks = {dt: max(peaks[dt], peaks_end[dt]) for dt in dtypes}
+    bandwidth = max(bandwidth, _perf.memory_bandwidth(args.device))
     for c in cases:
         add_mfu(results[c], peaks)
+        add_bounds(results[c], peaks[CASES[c][1]], bandwidth)
     print_table(results)
-    data = {"cases": results, "matmul_peak_flops": peaks, "matmul_peak_flops_start_end": [peaks, peaks_end],
+    data = {"cases": results, "matmul_peak_flops": peaks, "memory_bandwidth_bytes_per_s": bandwidth, "matmul_peak_flops_start_end": [peaks, peaks_end],
             "load_avg_1m_seen": loads, "machine": machine(), "quick": args.quick,
             "wall_s": time.perf_counter() - t0, "git_rev": git_rev(), "device": args.device}
     if args.out:
@@ -434,6 +485,10 @@ def print_table(results: dict[str, Any]) -> None:
         print(f"{c:14s} ratio mutualrl/TRL {f(r.get('ratio'), '.2f')}x (gen {f(r.get('ratio_generated'), '.2f')}x, "
               f"train {f(r.get('ratio_trained'), '.2f')}x; per CPU-s {f(r.get('ratio_cpu'), '.2f')}x), "
               f"peak {f(r.get('peak_ratio'), '.2f')}x")
+        b = r.get("bounds")
+        if b:
+            print(f"{c:14s} bound      {f(b['tokens_per_s']):>8s} {f(b['gen_tokens_per_s']):>9s} "
+                  f"{f(b['train_tokens_per_s']):>11s}   (decode {'memory' if b['decode_memory_bound'] else 'FLOP'}-bound)")
 
 
 if __name__ == "__main__":
