@@ -1,7 +1,7 @@
 """The zoo lands in its band everywhere: default policies built with 1 and 2 torch threads and two
 build seeds, each into a fresh cache.
 
-    python benchmarks/zoo_bands.py [--quick] [--threads 1,2] [--seeds 0,1] [--policies ...]
+    python benchmarks/zoo_bands.py [--quick] [--threads 1,2] [--seeds 0,1] [--configs 2:0,1:0,2:1] [--policies ...]
 
 Per (policy, threads, build seed): SFT steps until landing, validation accuracy at landing, test
 greedy and sampled accuracy per skill, whether the test accuracy is inside the band, build seconds.
@@ -28,6 +28,8 @@ def main() -> None:
     ap.add_argument("--threads", default=None)
     ap.add_argument("--seeds", default=None)
     ap.add_argument("--policies", default=None)
+    ap.add_argument("--configs", default=None, help="THREADS:SEED pairs instead of the product of --threads "
+                    "and --seeds, e.g. 2:0,1:0,2:1")
     args = ap.parse_args()
 
     import torch
@@ -40,26 +42,27 @@ def main() -> None:
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
     rows = []
+    configs = ([tuple(int(x) for x in c.split(":")) for c in args.configs.split(",")] if args.configs
+               else [(th, seed) for th in threads for seed in seeds])
     for pol in policies:
-        for th in threads:
-            for seed in seeds:
-                torch.set_num_threads(th)
-                with tempfile.TemporaryDirectory() as cache:
-                    t = time.perf_counter()
-                    d = build_zoo([pol], seed=seed, cache_dir=cache, progress=False, threads=th)[pol]
-                    card = load_card(d)
-                wall = time.perf_counter() - t
-                bands = ZOO[pol].bands
-                test = card["accuracy_greedy"]
-                row = {"policy": pol, "threads": th, "build_seed": seed, "sft_steps": card["sft_steps_done"],
-                       "val_at_landing": card["landed_val_accuracy"], "test_greedy": test,
-                       "test_sampled_t1": card["accuracy_sampled_t1"],
-                       "test_in_band": {k: bands[k][0] <= v <= bands[k][1] for k, v in test.items()},
-                       "build_s": wall}
-                rows.append(row)
-                print(f"{pol:<10} threads {th} seed {seed}: {row['sft_steps']:>5} steps, test "
-                      + ", ".join(f"{k} {v:.1%}{'' if row['test_in_band'][k] else ' (OUT)'}" for k, v in test.items())
-                      + f", {wall:.0f}s", flush=True)
+        for th, seed in configs:
+            torch.set_num_threads(th)
+            with tempfile.TemporaryDirectory() as cache:
+                t = time.perf_counter()
+                d = build_zoo([pol], seed=seed, cache_dir=cache, progress=False, threads=th)[pol]
+                card = load_card(d)
+            wall = time.perf_counter() - t
+            bands = ZOO[pol].bands
+            test = card["accuracy_greedy"]
+            row = {"policy": pol, "threads": th, "build_seed": seed, "sft_steps": card["sft_steps_done"],
+                   "val_at_landing": card["landed_val_accuracy"], "test_greedy": test,
+                   "test_sampled_t1": card["accuracy_sampled_t1"],
+                   "test_in_band": {k: bands[k][0] <= v <= bands[k][1] for k, v in test.items()},
+                   "build_s": wall}
+            rows.append(row)
+            print(f"{pol:<10} threads {th} seed {seed}: {row['sft_steps']:>5} steps, test "
+                  + ", ".join(f"{k} {v:.1%}{'' if row['test_in_band'][k] else ' (OUT)'}" for k, v in test.items())
+                  + f", {wall:.0f}s", flush=True)
     mach = machine()
     mach["load_avg"] = {"start": load0, "end": os.getloadavg()[0]}
     write_result("zoo_bands" + ("_quick" if args.quick else ""), {
