@@ -48,6 +48,7 @@ def main() -> None:
         return
 
     from mutualrl.demo import DEMO_POLICIES
+    from mutualrl.checkpoint import latest_checkpoint
     from mutualrl.report import load_run, summarize, write_report
     from mutualrl.zoo import build_zoo
 
@@ -66,7 +67,7 @@ def main() -> None:
         if args.reuse and (d / "summary.json").is_file():
             running.append((arm, seed, d, time.perf_counter(), subprocess.Popen(["true"])))
             continue
-        resume = args.reuse and (d / "checkpoints" / "LATEST").is_file()
+        resume = args.reuse and d.is_dir() and latest_checkpoint(d) is not None
         if resume:
             resumed.append(f"{arm}-seed{seed}")
         elif d.exists():

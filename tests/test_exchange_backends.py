@@ -240,3 +240,26 @@ def test_stored_records_come_back_equal(backend: str, recs: list) -> None:
             back = got[r.record_id]
             assert back == r and type(back) is type(r) and back.created_at == first[r.record_id]
         ex.close()
+
+
+def test_gc_paused_restores_the_collector_state_even_on_error():
+    import gc
+
+    from mutualrl.exchange.base import gc_paused
+
+    assert gc.isenabled()
+    with pytest.raises(ValueError):
+        with gc_paused():
+            assert not gc.isenabled()
+            with gc_paused():  # nested: the inner exit must not re-enable
+                pass
+            assert not gc.isenabled()
+            raise ValueError
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # a caller's choice to keep it off is kept
+    finally:
+        gc.enable()

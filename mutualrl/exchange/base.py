@@ -20,9 +20,11 @@ An exchange stores validated, typed experience records keyed by prompt id. Its c
 
 from __future__ import annotations
 
+import gc
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -125,6 +127,24 @@ class Query:
         return cls.build(d["prompt_ids"], d["kinds"], d["exclude_source"], d["min_version"], d["limit"])
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Suspend Python's cyclic garbage collector while a batch of rows is parsed, encoded or decoded.
+
+    A batch builds thousands of small acyclic objects; each few hundred allocations would otherwise
+    start a collection that walks every tracked object of the process (in a worker that has torch
+    and transformers loaded, a full collection takes tens of milliseconds). Reference counting
+    still frees everything; collection resumes when the batch is done. Safe to nest."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 class Exchange(ABC):
     """Protocol of a Shared Experience Exchange. Backends implement the abstract methods."""
 
@@ -156,6 +176,10 @@ class Exchange(ABC):
         record whose ``record_id`` does not match its content is refused (``bad_id``). Raises
         ``TypeError`` for objects that are not records (a programming error).
         """
+        with gc_paused():
+            return self._publish_typed(records)
+
+    def _publish_typed(self, records: Iterable[Record]) -> PublishResult:
         valid: list[Record] = []
         rejected: Counter[str] = Counter()
         for r in records:
@@ -190,6 +214,10 @@ class Exchange(ABC):
         return self._accept(rows, parse_row)
 
     def _accept(self, items: Iterable[Any], parser: Any) -> PublishResult:
+        with gc_paused():
+            return self._accept_each(items, parser)
+
+    def _accept_each(self, items: Iterable[Any], parser: Any) -> PublishResult:
         valid: list[Record] = []
         rejected: Counter[str] = Counter()
         for item in items:
@@ -215,13 +243,16 @@ class Exchange(ABC):
     def query(self, prompt_ids: Sequence[str], kinds: Iterable[str] | None = None, exclude_source: str | None = None,
               min_version: int | None = None, limit: int | None = None) -> list[Record]:
         """Records for ``prompt_ids``, oldest first (see :class:`Query` for the filters)."""
-        return [from_row(*row) for row in self.read(Query.build(prompt_ids, kinds, exclude_source, min_version, limit))]
+        with gc_paused():
+            return [from_row(*row) for row in self.read(Query.build(prompt_ids, kinds, exclude_source, min_version,
+                                                                    limit))]
 
     def query_stored(self, prompt_ids: Sequence[str], kinds: Iterable[str] | None = None,
                      exclude_source: str | None = None, min_version: int | None = None,
                      limit: int | None = None) -> list[StoredRow]:
         """Like :meth:`query`, in storage form (cheaper: no record objects are built)."""
-        return self.read(Query.build(prompt_ids, kinds, exclude_source, min_version, limit))
+        with gc_paused():
+            return self.read(Query.build(prompt_ids, kinds, exclude_source, min_version, limit))
 
     @abstractmethod
     def stats(self) -> dict[str, Any]:

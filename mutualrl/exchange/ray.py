@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from mutualrl.errors import UserError
-from mutualrl.exchange.base import Exchange, PublishResult, Query
+from mutualrl.exchange.base import Exchange, PublishResult, Query, gc_paused
 from mutualrl.experience import (
     DEFAULT_LIMITS,
     RECORD_TYPES,
@@ -59,6 +59,10 @@ class ExchangeActor:
         import msgpack
 
         n = len(blob)  # no container or string can be larger than the message itself
+        with gc_paused():
+            return self._publish_blob(msgpack, blob, n)
+
+    def _publish_blob(self, msgpack: Any, blob: bytes, n: int) -> dict[str, Any]:
         try:
             rows = msgpack.unpackb(blob, raw=False, strict_map_key=True, max_str_len=n, max_bin_len=n,
                                    max_array_len=n, max_map_len=n, max_ext_len=n)
@@ -70,7 +74,8 @@ class ExchangeActor:
 
     def read(self, query: dict[str, Any]) -> list[StoredRow]:
         """Matching records in storage form (plain strings, numbers and bytes)."""
-        return self._ex.read(Query.from_dict(query))
+        with gc_paused():
+            return self._ex.read(Query.from_dict(query))
 
     def advance(self, step: int) -> int:
         """See :meth:`Exchange.advance`."""
@@ -157,7 +162,10 @@ class RayExchange(Exchange):
     def publish(self, records: Iterable[Record]) -> PublishResult:
         """Send records to the actor in one msgpack batch of storage-form rows (the actor parses
         and validates each row and recomputes its id; see :meth:`Exchange.publish`)."""
-        records = list(records)
+        with gc_paused():
+            return self._publish_batch(list(records))
+
+    def _publish_batch(self, records: list[Record]) -> PublishResult:
         rows = []
         for r in records:
             if not isinstance(r, tuple(RECORD_TYPES.values())):
