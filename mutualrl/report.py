@@ -183,6 +183,9 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
 
 
 def _pm(s: dict[str, Any], scale: float = 1.0, fmt: str = ".3f") -> str:
+    """``mean ± std`` over seeds; the mean alone when one seed ran (a spread of one value says nothing)."""
+    if len(s.get("values", ())) == 1:
+        return f"{scale * s['mean']:{fmt}}"
     return f"{scale * s['mean']:{fmt}} ± {scale * s['std']:{fmt}}"
 
 

@@ -1,0 +1,52 @@
+"""The comparison report from run directories: numbers, per-skill table, figure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from mutualrl.report import load_run, summarize, write_report
+
+
+def _run(root: Path, strategy: str, seed: int, final: dict[str, dict[str, float]], rescue: int = 0) -> Path:
+    d = root / f"{strategy}-seed{seed}"
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump({"sharing": {"strategy": strategy}, "seed": seed,
+                                                   "policies": [{"name": "a"}, {"name": "b"}]}))
+    rows = []
+    start = {"a": {"add": 0.4, "sub": 0.0}, "b": {"add": 0.1, "sub": 0.5}}
+    for step, acc in ((0, start), (10, final)):
+        for p, sk in acc.items():
+            rows.append({"event": "eval", "policy": p, "step": step, "test_acc": sum(sk.values()) / 2,
+                         **{f"test_acc/{k}": v for k, v in sk.items()}})
+    for step in range(10):
+        for p in ("a", "b"):
+            rows.append({"policy": p, "step": step, "reward_mean": 0.1 * step, "sgt_rescue": rescue})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def test_report_numbers_per_skill_table_and_figure(tmp_path):
+    runs = [_run(tmp_path, "independent", 0, {"a": {"add": 0.6, "sub": 0.0}, "b": {"add": 0.1, "sub": 0.7}}),
+            _run(tmp_path, "independent", 1, {"a": {"add": 0.6, "sub": 0.2}, "b": {"add": 0.1, "sub": 0.7}}),
+            _run(tmp_path, "sgt", 0, {"a": {"add": 0.6, "sub": 0.4}, "b": {"add": 0.3, "sub": 0.7}}, rescue=2)]
+    s = summarize([load_run(d) for d in runs])
+    # average start (0.2 + 0.3) / 2 = 0.25; independent ends at 0.35 / 0.40, sgt at 0.50
+    assert abs(s["independent"]["avg_gain_pts"]["mean"] - 12.5) < 1e-9
+    assert [round(v, 9) for v in s["independent"]["avg_gain_pts"]["values"]] == [10.0, 15.0]
+    assert abs(s["sgt"]["avg_test_acc_final"]["mean"] - 0.5) < 1e-9
+    assert s["sgt"]["per_policy_skill_final"]["a"]["sub"]["mean"] == 0.4
+    assert s["sgt"]["sgt_rescue_rows"]["a"]["mean"] == 20  # 2 per step over 10 steps
+
+    out = write_report(runs, tmp_path / "report")
+    md = (out / "report.md").read_text() if out.is_dir() else out.read_text()
+    lines = md.splitlines()
+    indep = next(ln for ln in lines if ln.startswith("| independent | 0."))
+    sgt = next(ln for ln in lines if ln.startswith("| sgt | 0."))
+    assert "0.375 ± 0.025" in indep  # two seeds: mean and spread
+    assert "±" not in sgt and "+12.5 pts" in sgt  # one seed: no spread; 0.50 - 0.375 over independent
+    assert any(ln.startswith("| sgt | a |") and "0.000 → 0.400" in ln and ln.rstrip().endswith("| 20 |")
+               for ln in lines)
+    assert (tmp_path / "report" / "curves.png").stat().st_size > 10_000
