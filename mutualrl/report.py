@@ -167,7 +167,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
                                     color=colors[ai % len(colors)], alpha=0.15)
     for ci, pol in enumerate(policies):
         axes[0][ci].set_title(pol)
-        if pol in weak and weak[pol]:
+        if weak.get(pol):
             axes[1][ci].set_title(f"{pol}: weak skill '{weak[pol]}'", fontsize=9)
         axes[-1][ci].set_xlabel("step")
     axes[1][-1].axis("off")

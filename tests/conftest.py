@@ -10,7 +10,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from mutualrl.zoo import build_tiny_models  # noqa: E402 (after the offline switch)
+from mutualrl.zoo import build_tiny_models  # after the offline switch above
 
 
 @pytest.fixture(scope="session")

@@ -248,13 +248,12 @@ def test_gc_paused_restores_the_collector_state_even_on_error():
     from mutualrl.exchange.base import gc_paused
 
     assert gc.isenabled()
-    with pytest.raises(ValueError):
-        with gc_paused():
-            assert not gc.isenabled()
-            with gc_paused():  # nested: the inner exit must not re-enable
-                pass
-            assert not gc.isenabled()
-            raise ValueError
+    with pytest.raises(ValueError), gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():  # nested: the inner exit must not re-enable
+            pass
+        assert not gc.isenabled()
+        raise ValueError
     assert gc.isenabled()
     gc.disable()
     try:

@@ -10,11 +10,11 @@ import torch
 
 pytest.importorskip("peft")
 
-from mutualrl.algorithms.sharing import TrainBatch, TrainRow  # noqa: E402
-from mutualrl.algorithms.update import train_on_batch  # noqa: E402
-from mutualrl.config import GRPOOptions, PeftConfig  # noqa: E402
-from mutualrl.policy import Policy  # noqa: E402
-from mutualrl.trainer import MutualTrainer  # noqa: E402
+from mutualrl.algorithms.sharing import TrainBatch, TrainRow
+from mutualrl.algorithms.update import train_on_batch
+from mutualrl.config import GRPOOptions, PeftConfig
+from mutualrl.policy import Policy
+from mutualrl.trainer import MutualTrainer
 
 Q = ["Calculate 12 + 34.", "Calculate 98 - 7."]
 

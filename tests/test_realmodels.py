@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from mutualrl import realmodels as rm
-from mutualrl.realmodels import gguf, staging
 from mutualrl.cli import main
 from mutualrl.errors import UserError
+from mutualrl.realmodels import gguf, staging
 
 
 def _installed(*dists: str) -> bool:

@@ -11,13 +11,13 @@ import torch
 
 pytest.importorskip("vllm")
 
-from mutualrl.config import GenerationConfig, GRPOOptions  # noqa: E402
-from mutualrl.engines import SamplingParams  # noqa: E402
-from mutualrl.engines.hf import HFEngine  # noqa: E402
-from mutualrl.policy import Policy, pack_right, right_mask  # noqa: E402
-from mutualrl.trainer import MutualTrainer  # noqa: E402
+from _stop import _Stop, _StopAfterStep2
 
-from _stop import _Stop, _StopAfterStep2  # noqa: E402
+from mutualrl.config import GenerationConfig, GRPOOptions
+from mutualrl.engines import SamplingParams
+from mutualrl.engines.hf import HFEngine
+from mutualrl.policy import Policy, pack_right, right_mask
+from mutualrl.trainer import MutualTrainer
 
 QUESTIONS = ["Calculate 54 - 23.", "Calculate 1 + 2.", "Calculate 98 + 7."]
 

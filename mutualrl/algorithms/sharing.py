@@ -292,4 +292,4 @@ def _independent(ctx: ShareContext, batch: TrainBatch) -> None:
     batch.metrics["zero_var_group_frac"] = zero_var / max(1, len(ctx.groups))
 
 
-from mutualrl.algorithms import strategies as _builtin  # noqa: E402,F401  (registers prp, xgrpo, sgt)
+from mutualrl.algorithms import strategies as _builtin  # noqa: F401  (registers prp, xgrpo, sgt)

@@ -83,10 +83,9 @@ class SequentialScheduler(Scheduler):
     def start(self, cfg: RunConfig, run_dir: Path | None) -> list[dict[str, Any]]:
         import torch
 
+        from mutualrl.allocation.planner import planned_devices
         from mutualrl.exchange import ExchangeURL
         from mutualrl.worker import PolicyWorker
-
-        from mutualrl.allocation.planner import planned_devices
 
         threads = self.threads or cfg.threads
         if threads:

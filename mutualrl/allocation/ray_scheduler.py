@@ -37,9 +37,9 @@ class RayPolicyWorker:
 
         torch.set_num_threads(max(1, threads))
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        from mutualrl.config import load_config
         import ray
 
+        from mutualrl.config import load_config
         from mutualrl.worker import PolicyWorker
 
         cfg = load_config(json.loads(cfg_json), check_paths=False)

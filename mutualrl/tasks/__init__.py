@@ -13,6 +13,15 @@ from mutualrl.tasks.jsonl import FileSource
 from mutualrl.tasks.rewards import load_reward_function
 
 __all__ = [
-    "SUCCESS_THRESHOLD", "Problem", "Source", "Task", "extract_answer", "problem_id",
-    "GymSource", "available_datasets", "check_dataset", "FileSource", "load_reward_function",
+    "SUCCESS_THRESHOLD",
+    "FileSource",
+    "GymSource",
+    "Problem",
+    "Source",
+    "Task",
+    "available_datasets",
+    "check_dataset",
+    "extract_answer",
+    "load_reward_function",
+    "problem_id",
 ]

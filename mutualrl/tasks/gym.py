@@ -10,7 +10,7 @@ from mutualrl.tasks.base import Problem, problem_id
 
 def available_datasets() -> list[str]:
     """Names of all registered reasoning-gym datasets."""
-    import reasoning_gym.factory as factory
+    from reasoning_gym import factory
 
     return sorted(factory.DATASETS)
 
@@ -19,7 +19,7 @@ def check_dataset(name: str, config: dict[str, Any]) -> str | None:
     """An error message if ``name``/``config`` is not a valid reasoning-gym dataset config."""
     import dataclasses
 
-    import reasoning_gym.factory as factory
+    from reasoning_gym import factory
 
     if name not in factory.DATASETS:
         close = difflib.get_close_matches(name, factory.DATASETS, n=3)
