@@ -2,11 +2,18 @@
 
 Loss on the completion (answer + EOS) only; AdamW with a linear warm-up, then a constant
 learning rate (a decay tied to a step budget would make the landing depend on that budget).
-The mixture stays the spec's throughout (taking a skill out of the batches once it is in its band
-makes a tiny model forget it within a few dozen steps). Every ``spec.sft_eval_every`` steps greedy
-accuracy is measured per task type on a validation slice of the training problems, and SFT stops
-at the first check where every type is inside its band, with a margin. Deterministic in the seed
-(up to floating-point differences between thread counts, which the band absorbs).
+Every ``spec.sft_eval_every`` steps greedy accuracy is measured per task type on a validation
+slice of the training problems, and SFT stops at the first check where every type is inside its
+band, with a margin.
+
+A tiny model learns a skill like carrying in a sudden jump, whose timing moves with anything
+that changes floating-point rounding (the number of torch threads, above all): between two
+checks it can jump over its whole band. So the warm start is steered, not just stopped: the
+state at every check where no type is above its band is kept, and a check that finds a type
+above its band rolls back to that state and goes on at half the learning rate with checks twice
+as often, giving more of the mixture to a type that was still below its band (the mixture
+always keeps every type: taking one out makes a tiny model forget it within a few dozen steps).
+Each rollback is recorded. Deterministic in the seed and the thread count.
 """
 
 from __future__ import annotations
@@ -29,8 +36,13 @@ class SFTResult:
 
     losses: list[float] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
-    """One entry per check: ``step`` and validation accuracy per type (``val``)."""
+    """One entry per check: ``step`` (steps trained so far), ``position`` (in the rolled-back run)
+    and validation accuracy per type (``val``)."""
     landed: bool = False
+    rollbacks: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per overshoot rolled back: where, to where, and the settings it continued with."""
+    mixture: dict[str, float] = field(default_factory=dict)
+    """The skill mixture at the end (the spec's, unless a rollback shifted it)."""
 
     @property
     def val_accuracy(self) -> dict[str, float]:
@@ -70,13 +82,33 @@ def in_band(spec: ZooSpec, acc: dict[str, float], margin: float = 0.0) -> bool:
                for k, (lo, hi) in spec.bands.items())
 
 
+MAX_ROLLBACKS = 8
+"""Overshoots a warm start may roll back before it fails."""
+
+
+def _band_state(spec: ZooSpec, acc: dict[str, float]) -> tuple[list[str], list[str]]:
+    """(types above their band's upper margin edge, types below its lower margin edge)."""
+    above, below = [], []
+    for k, (lo, hi) in spec.bands.items():
+        m = spec.band_margin * (hi - lo)
+        v = acc.get(k, 0.0)
+        if v > hi - m:
+            above.append(k)
+        elif v < lo + m:
+            below.append(k)
+    return above, below
+
+
 def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
         on_step: Callable[[int, float, dict[str, Any] | None], None] | None = None) -> SFTResult:
     """Warm-start ``model`` on ``task``'s training problems until :func:`in_band` (or the cap).
 
     ``on_step(step, loss, check)`` is called after every step (``check`` is the history entry when
-    the step ended with a validation check, else None).
+    the step ended with a validation check, else None). ``spec.sft_max_steps`` caps every step
+    trained, rolled-back ones included.
     """
+    import copy
+
     import torch
     import torch.nn.functional as F
 
@@ -87,13 +119,22 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
     pools = {k: encode_examples(tokenizer, task.train[k][: max(1, len(task.train[k]) - VAL_SIZE)])
              for k in spec.sft_mixture}
     types = list(pools)
-    w = torch.tensor([spec.sft_mixture[k] for k in types], dtype=torch.float)
+    mixture = {k: float(spec.sft_mixture[k]) for k in types}
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=spec.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, spec.warmup_steps)))
+    lr_scale, every, pos = 1.0, spec.sft_eval_every, 0  # pos: the position in the (rolled-back) run
+
+    def snapshot() -> dict[str, Any]:
+        return {"model": copy.deepcopy(model.state_dict()), "opt": copy.deepcopy(opt.state_dict()),
+                "gen": gen.get_state(), "pos": pos}
+
+    safe = snapshot()
     res = SFTResult()
     model.train()
     for step in range(spec.sft_max_steps):
+        for group in opt.param_groups:
+            group["lr"] = spec.lr * lr_scale * min(1.0, (pos + 1) / max(1, spec.warmup_steps))
+        w = torch.tensor([mixture[k] for k in types], dtype=torch.float)
         kinds = torch.multinomial(w, spec.batch, replacement=True, generator=gen).tolist()
         batch = []
         for k in kinds:
@@ -107,21 +148,43 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
+        pos += 1
         res.losses.append(float(loss.detach()))
         check = None
-        if (step + 1) % spec.sft_eval_every == 0:
+        if pos % every == 0:
             acc = accuracy(model, tokenizer, task, val)
             model.train()
-            check = {"step": step + 1, "val": acc}
+            check = {"step": step + 1, "position": pos, "val": acc}
             res.history.append(check)
             # stop with a margin: the first check past an edge flatters the model (a lucky swing of a
             # tiny model at a constant learning rate, plus validation noise), the test split regresses
             res.landed = in_band(spec, acc, spec.band_margin)
+            above, below = _band_state(spec, acc)
+            if res.landed:
+                pass
+            elif above and len(res.rollbacks) >= MAX_ROLLBACKS:
+                break  # it keeps jumping over the band: fail now rather than at the cap
+            elif above:
+                lr_scale, every = lr_scale / 2, max(5, every // 2)
+                for k in below:  # behind: more of the mixture (renormalised below)
+                    mixture[k] *= 1.5
+                total = sum(mixture.values())
+                mixture = {k: v / total for k, v in mixture.items()}
+                res.rollbacks.append({"step": step + 1, "from_position": pos, "to_position": safe["pos"],
+                                      "val": acc, "lr_scale": lr_scale, "eval_every": every,
+                                      "mixture": dict(mixture)})
+                model.load_state_dict(safe["model"])
+                opt.load_state_dict(safe["opt"])
+                gen.set_state(safe["gen"])
+                pos = safe["pos"]
+                check["rolled_back"] = True
+            elif not above:
+                safe = snapshot()
         if on_step is not None:
             on_step(step, res.losses[-1], check)
         if res.landed:
             break
+    res.mixture = mixture
     model.eval()
     return res
 
@@ -135,5 +198,5 @@ def band_failure(spec: ZooSpec, res: SFTResult) -> ZooBandError:
     got = ", ".join(f"{k} {res.val_accuracy.get(k, 0):.1%} (band {lo:.0%}-{hi:.0%})"
                     for k, (lo, hi) in spec.bands.items())
     return ZooBandError(f"zoo policy {spec.name!r} did not land in its band after {len(res.losses)} SFT steps "
-                        f"(sft_max_steps): validation accuracy {got}. Raise sft_max_steps, widen the bands or "
+                        f"(sft_max_steps, {len(res.rollbacks)} overshoots rolled back): validation accuracy {got}. Raise sft_max_steps, widen the bands or "
                         f"change the mixture; nothing was written to the cache")
