@@ -134,9 +134,9 @@ def test_sft_lands_in_band():
     assert not in_band(banded, {"add": 0.32, "sub": 0.1}, 0.15) and in_band(banded, {"add": 0.34, "sub": 0.1}, 0.15)
 
 
-def test_an_overshoot_rolls_back_and_the_warm_start_lands(monkeypatch):
-    """A check that finds a skill above its band goes back to the last check with none above, at
-    half the learning rate, checks twice as often and more of the mixture for a lagging skill."""
+def _scripted_sft(monkeypatch, script):
+    """SFT of a tiny gpt2-add with validation accuracies taken from ``script`` (add 30-50 %, sub
+    3-15 %, margin 15 %: inside means add 33-47 % and sub 4.8-13.2 %); the weights at each check."""
     import copy
 
     import torch
@@ -146,12 +146,10 @@ def test_an_overshoot_rolls_back_and_the_warm_start_lands(monkeypatch):
     from mutualrl.zoo.sft import sft
     from mutualrl.zoo.tokenizers import train_tokenizer
 
-    spec = dataclasses.replace(TINY["gpt2-add"], sft_eval_every=10, sft_max_steps=40,
+    spec = dataclasses.replace(TINY["gpt2-add"], sft_eval_every=10, sft_max_steps=60,
                                bands={"add": (0.3, 0.5), "sub": (0.03, 0.15)}, band_margin=0.15)
-    script = iter([{"add": 0.10, "sub": 0.02},   # position 10: below, safe
-                   {"add": 0.60, "sub": 0.02},   # position 20: add jumped over its band -> back to 10
-                   {"add": 0.40, "sub": 0.08}])  # position 15 (checks every 5 now): in band
-    monkeypatch.setattr(ev, "accuracy", lambda *a, **k: dict(next(script)))
+    it = iter(script)
+    monkeypatch.setattr(ev, "accuracy", lambda *a, **k: dict(next(it)))
     task = zoo.default_task(0, test_size=10, train_size=2000)
     tok = train_tokenizer(spec.tokenizer, corpus(task, limit=500), spec.vocab_size)
     torch.manual_seed(0)
@@ -160,18 +158,39 @@ def test_an_overshoot_rolls_back_and_the_warm_start_lands(monkeypatch):
 
     def on_step(step, loss, check):
         if check is not None:
-            seen[check["position"] if not check.get("rolled_back") else "after_rollback"] = \
-                copy.deepcopy(model.state_dict())
+            seen[check["step"]] = copy.deepcopy(model.state_dict())
 
-    res = sft(model, tok, task, spec, 0, on_step)
-    assert res.landed and len(res.losses) == 10 + 10 + 5  # every step trained counts, rolled-back ones too
-    assert [h["position"] for h in res.history] == [10, 20, 15] and [h["step"] for h in res.history] == [10, 20, 25]
+    return sft(model, tok, task, spec, 0, on_step), seen, model
+
+
+def test_one_check_above_the_band_is_a_swing_and_training_goes_on(monkeypatch):
+    res, _, _ = _scripted_sft(monkeypatch, [{"add": 0.10, "sub": 0.02}, {"add": 0.60, "sub": 0.02},
+                                            {"add": 0.40, "sub": 0.08}])
+    assert res.landed and not res.rollbacks and len(res.losses) == 30 and res.mixture == {"add": 0.8, "sub": 0.2}
+
+
+def test_an_overshoot_rolls_back_and_the_warm_start_lands(monkeypatch):
+    """Two checks in a row above the band go back to the last check with nothing above, at half
+    the learning rate, checking twice as often, with more of the mixture for the skill behind."""
+    import torch
+
+    res, seen, model = _scripted_sft(monkeypatch, [
+        {"add": 0.10, "sub": 0.02},   # step 10: below, safe
+        {"add": 0.60, "sub": 0.02},   # step 20: above (could be a swing)
+        {"add": 0.65, "sub": 0.02},   # step 30: above again: back to position 10
+        {"add": 0.40, "sub": 0.02},   # position 15 (checks every 5 now): sub waits for add, is fed
+        {"add": 0.40, "sub": 0.08}])  # position 20: in band
+    assert res.landed and len(res.losses) == 40  # every step trained counts, rolled-back ones too
+    assert [h["position"] for h in res.history] == [10, 20, 30, 15, 20]
+    assert [h["step"] for h in res.history] == [10, 20, 30, 35, 40]
     (rb,) = res.rollbacks
-    assert (rb["from_position"], rb["to_position"], rb["lr_scale"], rb["eval_every"]) == (20, 10, 0.5, 5)
-    assert abs(res.mixture["sub"] - 0.3 / 1.1) < 1e-9  # sub was below its band: 0.2 x 1.5, renormalised
-    restored, at10 = seen["after_rollback"], seen[10]
-    assert all(torch.equal(restored[k], at10[k]) for k in at10)  # the weights of position 10, exactly
-    assert not all(torch.equal(model.state_dict()[k], at10[k]) for k in at10)  # and trained on from there
+    assert (rb["from_position"], rb["to_position"], rb["lr_scale"], rb["eval_every"]) == (30, 10, 0.5, 5)
+    assert abs(rb["mixture"]["sub"] - 0.3 / 1.1) < 1e-9  # sub was below its band: 0.2 x 1.5, renormalised
+    steered = 1.25 * 0.3 / 1.1
+    assert abs(res.mixture["sub"] - steered / (steered + 0.8 / 1.1)) < 1e-9  # then 1.25x while add waited
+    assert all(torch.equal(seen[30][k], seen[10][k]) for k in seen[10])  # the weights of position 10, exactly
+    assert not all(torch.equal(seen[20][k], seen[10][k]) for k in seen[10])
+    assert not all(torch.equal(model.state_dict()[k], seen[10][k]) for k in seen[10])  # and trained on from there
 
 
 def test_a_build_that_misses_its_band_fails_and_writes_nothing(tmp_path, capsys):

@@ -9,11 +9,13 @@ band, with a margin.
 A tiny model learns a skill like carrying in a sudden jump, whose timing moves with anything
 that changes floating-point rounding (the number of torch threads, above all): between two
 checks it can jump over its whole band. So the warm start is steered, not just stopped: the
-state at every check where no type is above its band is kept, and a check that finds a type
-above its band rolls back to that state and goes on at half the learning rate with checks twice
-as often, giving more of the mixture to a type that was still below its band (the mixture
-always keeps every type: taking one out makes a tiny model forget it within a few dozen steps).
-Each rollback is recorded. Deterministic in the seed and the thread count.
+state at every check where no type is above its band is kept, and a second check in a row that
+finds a type above its band rolls back to that state and goes on at half the learning rate with checks twice
+as often, giving 1.5x the mixture share to a type still below its band; from then on, a check
+where one type is inside its band while another is below gives the one behind 1.25x its share
+(the mixture always keeps every type: taking one out makes a tiny model forget it within a few
+dozen steps). Each rollback is recorded. A warm start that never goes above its band is exactly
+the plain one. Deterministic in the seed and the thread count.
 """
 
 from __future__ import annotations
@@ -86,17 +88,26 @@ MAX_ROLLBACKS = 8
 """Overshoots a warm start may roll back before it fails."""
 
 
-def _band_state(spec: ZooSpec, acc: dict[str, float]) -> tuple[list[str], list[str]]:
-    """(types above their band's upper margin edge, types below its lower margin edge)."""
-    above, below = [], []
+def _band_state(spec: ZooSpec, acc: dict[str, float]) -> tuple[list[str], list[str], list[str]]:
+    """(types above their band, types below its lower margin edge, types inside with the margin)."""
+    above, below, inside = [], [], []
     for k, (lo, hi) in spec.bands.items():
         m = spec.band_margin * (hi - lo)
         v = acc.get(k, 0.0)
-        if v > hi - m:
+        if v > hi:
             above.append(k)
         elif v < lo + m:
             below.append(k)
-    return above, below
+        elif v <= hi - m:
+            inside.append(k)
+    return above, below, inside
+
+
+def _shift(mixture: dict[str, float], lagging: list[str], factor: float) -> dict[str, float]:
+    """``mixture`` with the ``lagging`` types' shares multiplied by ``factor``, renormalised."""
+    out = {k: v * (factor if k in lagging else 1.0) for k, v in mixture.items()}
+    total = sum(out.values())
+    return {k: v / total for k, v in out.items()}
 
 
 def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
@@ -123,6 +134,7 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=spec.weight_decay)
     lr_scale, every, pos = 1.0, spec.sft_eval_every, 0  # pos: the position in the (rolled-back) run
+    was_above = False
 
     def snapshot() -> dict[str, Any]:
         return {"model": copy.deepcopy(model.state_dict()), "opt": copy.deepcopy(opt.state_dict()),
@@ -159,17 +171,18 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
             # stop with a margin: the first check past an edge flatters the model (a lucky swing of a
             # tiny model at a constant learning rate, plus validation noise), the test split regresses
             res.landed = in_band(spec, acc, spec.band_margin)
-            above, below = _band_state(spec, acc)
+            above, below, inside = _band_state(spec, acc)
+            # above at two checks in a row: a jump over the band (one check above is often a swing
+            # that the next check undoes, and training on through it is what lands most builds)
+            over, was_above = bool(above) and was_above, bool(above)
             if res.landed:
                 pass
-            elif above and len(res.rollbacks) >= MAX_ROLLBACKS:
+            elif over and len(res.rollbacks) >= MAX_ROLLBACKS:
                 break  # it keeps jumping over the band: fail now rather than at the cap
-            elif above:
+            elif over:
+                was_above = False
                 lr_scale, every = lr_scale / 2, max(5, every // 2)
-                for k in below:  # behind: more of the mixture (renormalised below)
-                    mixture[k] *= 1.5
-                total = sum(mixture.values())
-                mixture = {k: v / total for k, v in mixture.items()}
+                mixture = _shift(mixture, below, 1.5)  # a type still behind gets more of the batches
                 res.rollbacks.append({"step": step + 1, "from_position": pos, "to_position": safe["pos"],
                                       "val": acc, "lr_scale": lr_scale, "eval_every": every,
                                       "mixture": dict(mixture)})
@@ -179,6 +192,9 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
                 pos = safe["pos"]
                 check["rolled_back"] = True
             elif not above:
+                if res.rollbacks and below and inside:  # steering after an overshoot: one type waits
+                    mixture = _shift(mixture, below, 1.25)  # for another: feed the one behind
+                    check["mixture"] = dict(mixture)
                 safe = snapshot()
         if on_step is not None:
             on_step(step, res.losses[-1], check)
