@@ -45,6 +45,17 @@ def main() -> None:
     rows = []
     configs = ([tuple(int(x) for x in c.split(":")) for c in args.configs.split(",")] if args.configs
                else [(th, seed) for th in threads for seed in seeds])
+
+    def write() -> None:  # after every build, so that an interrupted run keeps what it measured
+        mach = machine()
+        mach["load_avg"] = {"start": load0, "end": os.getloadavg()[0]}
+        write_result("zoo_bands" + ("_quick" if args.quick else ""), {
+            "builds": rows, "bands": {p: {k: list(v) for k, v in ZOO[p].bands.items()} for p in policies},
+            "all_test_in_band": all(r["landed"] and all(r["test_in_band"].values()) for r in rows),
+            "complete": len(rows) == len(policies) * len(configs),
+            "machine": mach, "quick": args.quick, "wall_s": time.perf_counter() - t0, "git_rev": git_rev(),
+        })
+
     for pol in policies:
         for th, seed in configs:
             torch.set_num_threads(th)
@@ -57,6 +68,7 @@ def main() -> None:
                     rows.append({"policy": pol, "threads": th, "build_seed": seed, "landed": False,
                                  "error": str(exc), "build_s": time.perf_counter() - t})
                     print(f"{pol:<10} threads {th} seed {seed}: MISSED its band: {exc}", flush=True)
+                    write()
                     continue
             wall = time.perf_counter() - t
             bands = ZOO[pol].bands
@@ -71,13 +83,8 @@ def main() -> None:
             print(f"{pol:<10} threads {th} seed {seed}: {row['sft_steps']:>5} steps, test "
                   + ", ".join(f"{k} {v:.1%}{'' if row['test_in_band'][k] else ' (OUT)'}" for k, v in test.items())
                   + f", {wall:.0f}s", flush=True)
-    mach = machine()
-    mach["load_avg"] = {"start": load0, "end": os.getloadavg()[0]}
-    write_result("zoo_bands" + ("_quick" if args.quick else ""), {
-        "builds": rows, "bands": {p: {k: list(v) for k, v in ZOO[p].bands.items()} for p in policies},
-        "all_test_in_band": all(r["landed"] and all(r["test_in_band"].values()) for r in rows),
-        "machine": mach, "quick": args.quick, "wall_s": time.perf_counter() - t0, "git_rev": git_rev(),
-    })
+            write()
+    write()
 
 
 if __name__ == "__main__":
