@@ -283,9 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from mutualrl.worker import _quiet_transformers
+    from mutualrl.quiet import silence_transformers
 
-    _quiet_transformers()
+    silence_transformers()
     t0 = time.perf_counter()
     loads = [os.getloadavg()[0]]
     data: dict[str, Any] = {"threads": args.threads}
