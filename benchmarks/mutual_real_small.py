@@ -214,9 +214,10 @@ def main() -> None:
         result.update(arms=summ, thl_residual=thl_residual(dirs))
     mach = machine()
     mach["load_avg"] = {"start": load0, "end": os.getloadavg()[0]}
-    write_result("mutual_real_small", {
+    # the study alone (--zero-shot-only) does not stand for a training run: its own file
+    write_result("mutual_real_small_zero_shot" if args.zero_shot_only else "mutual_real_small", {
         "policies": ["smollm2 (SmolLM2-135M-Instruct)", "gemma3 (Gemma-3-270M)"], "tasks": choice["tasks"],
-        "steps": args.steps, "prompts_per_step": args.prompts, "num_generations": args.generations,
+        "steps": args.steps if arms else 0, "prompts_per_step": args.prompts, "num_generations": args.generations,
         "eval_size": args.eval_size, "seeds": [args.seed], **result,
         "config": run_config(choice, arms[0] if arms else "independent", args),
         "targets": {"steps": 100, "independent_best_policy_gain_pts": 5, "sharing_avg_final_vs_independent": 0},
