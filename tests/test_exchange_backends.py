@@ -255,6 +255,12 @@ def test_gc_paused_restores_the_collector_state_even_on_error():
         assert not gc.isenabled()
         raise ValueError
     assert gc.isenabled()
+
+    @gc_paused()
+    def inside() -> bool:
+        return gc.isenabled()
+
+    assert inside() is False and inside() is False and gc.isenabled()  # as a decorator, every call
     gc.disable()
     try:
         with gc_paused():

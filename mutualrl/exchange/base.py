@@ -134,7 +134,8 @@ def gc_paused() -> Iterator[None]:
     A batch builds thousands of small acyclic objects; each few hundred allocations would otherwise
     start a collection that walks every tracked object of the process (in a worker that has torch
     and transformers loaded, a full collection takes tens of milliseconds). Reference counting
-    still frees everything; collection resumes when the batch is done. Safe to nest."""
+    still frees everything; collection resumes when the batch is done. Safe to nest; also a
+    decorator (``@gc_paused()``)."""
     if not gc.isenabled():
         yield
         return
@@ -169,6 +170,7 @@ class Exchange(ABC):
         return None
 
     # -- writing ---------------------------------------------------------------------------
+    @gc_paused()
     def publish(self, records: Iterable[Record]) -> PublishResult:
         """Validate and store ``records`` as one atomic batch.
 
@@ -176,10 +178,6 @@ class Exchange(ABC):
         record whose ``record_id`` does not match its content is refused (``bad_id``). Raises
         ``TypeError`` for objects that are not records (a programming error).
         """
-        with gc_paused():
-            return self._publish_typed(records)
-
-    def _publish_typed(self, records: Iterable[Record]) -> PublishResult:
         valid: list[Record] = []
         rejected: Counter[str] = Counter()
         for r in records:
@@ -213,11 +211,8 @@ class Exchange(ABC):
         validated on its own."""
         return self._accept(rows, parse_row)
 
+    @gc_paused()
     def _accept(self, items: Iterable[Any], parser: Any) -> PublishResult:
-        with gc_paused():
-            return self._accept_each(items, parser)
-
-    def _accept_each(self, items: Iterable[Any], parser: Any) -> PublishResult:
         valid: list[Record] = []
         rejected: Counter[str] = Counter()
         for item in items:
@@ -240,19 +235,18 @@ class Exchange(ABC):
     def read(self, query: Query) -> list[StoredRow]:
         """The rows matching ``query`` in storage form (:func:`~mutualrl.experience.to_row`), oldest first."""
 
+    @gc_paused()
     def query(self, prompt_ids: Sequence[str], kinds: Iterable[str] | None = None, exclude_source: str | None = None,
               min_version: int | None = None, limit: int | None = None) -> list[Record]:
         """Records for ``prompt_ids``, oldest first (see :class:`Query` for the filters)."""
-        with gc_paused():
-            return [from_row(*row) for row in self.read(Query.build(prompt_ids, kinds, exclude_source, min_version,
-                                                                    limit))]
+        return [from_row(*row) for row in self.read(Query.build(prompt_ids, kinds, exclude_source, min_version, limit))]
 
+    @gc_paused()
     def query_stored(self, prompt_ids: Sequence[str], kinds: Iterable[str] | None = None,
                      exclude_source: str | None = None, min_version: int | None = None,
                      limit: int | None = None) -> list[StoredRow]:
         """Like :meth:`query`, in storage form (cheaper: no record objects are built)."""
-        with gc_paused():
-            return self.read(Query.build(prompt_ids, kinds, exclude_source, min_version, limit))
+        return self.read(Query.build(prompt_ids, kinds, exclude_source, min_version, limit))
 
     @abstractmethod
     def stats(self) -> dict[str, Any]:

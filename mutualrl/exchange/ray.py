@@ -54,15 +54,12 @@ class ExchangeActor:
         """Parse, validate and store lines (see :meth:`Exchange.publish_json`)."""
         return self._ex.publish_json(lines).to_dict()
 
+    @gc_paused()
     def publish_rows(self, blob: bytes) -> dict[str, Any]:
         """Parse, validate and store a msgpack list of rows in storage form (one round trip per batch)."""
         import msgpack
 
         n = len(blob)  # no container or string can be larger than the message itself
-        with gc_paused():
-            return self._publish_blob(msgpack, blob, n)
-
-    def _publish_blob(self, msgpack: Any, blob: bytes, n: int) -> dict[str, Any]:
         try:
             rows = msgpack.unpackb(blob, raw=False, strict_map_key=True, max_str_len=n, max_bin_len=n,
                                    max_array_len=n, max_map_len=n, max_ext_len=n)
@@ -72,10 +69,10 @@ class ExchangeActor:
             return PublishResult(0, 0, {"bad_encoding": 1}).to_dict()
         return self._ex.publish_rows(rows).to_dict()
 
+    @gc_paused()
     def read(self, query: dict[str, Any]) -> list[StoredRow]:
         """Matching records in storage form (plain strings, numbers and bytes)."""
-        with gc_paused():
-            return self._ex.read(Query.from_dict(query))
+        return self._ex.read(Query.from_dict(query))
 
     def advance(self, step: int) -> int:
         """See :meth:`Exchange.advance`."""
@@ -159,13 +156,11 @@ class RayExchange(Exchange):
     def _call(self, method: str, *args: Any) -> Any:
         return self._ray.get(getattr(self._actor, method).remote(*args))
 
+    @gc_paused()
     def publish(self, records: Iterable[Record]) -> PublishResult:
         """Send records to the actor in one msgpack batch of storage-form rows (the actor parses
         and validates each row and recomputes its id; see :meth:`Exchange.publish`)."""
-        with gc_paused():
-            return self._publish_batch(list(records))
-
-    def _publish_batch(self, records: list[Record]) -> PublishResult:
+        records = list(records)
         rows = []
         for r in records:
             if not isinstance(r, tuple(RECORD_TYPES.values())):
