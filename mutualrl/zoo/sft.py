@@ -10,8 +10,8 @@ A tiny model learns a skill like carrying in a sudden jump, whose timing moves w
 that changes floating-point rounding (the number of torch threads, above all): between two
 checks it can jump over its whole band. So the warm start is steered, not just stopped: the
 state at every check where no type is above its band is kept, and a second check in a row that
-finds a type above its band rolls back to that state and goes on at half the learning rate with checks twice
-as often, giving 1.5x the mixture share to a type still below its band; from then on, a check
+finds a type above its band rolls back to that state and goes on at half the learning rate with
+checks twice as often, giving 1.5x the mixture share to a type still below its band; from then on, a check
 where one type is inside its band while another is below gives the one behind 1.25x its share
 (the mixture always keeps every type: taking one out makes a tiny model forget it within a few
 dozen steps). Each rollback is recorded. A warm start that never goes above its band is exactly
@@ -214,5 +214,6 @@ def band_failure(spec: ZooSpec, res: SFTResult) -> ZooBandError:
     got = ", ".join(f"{k} {res.val_accuracy.get(k, 0):.1%} (band {lo:.0%}-{hi:.0%})"
                     for k, (lo, hi) in spec.bands.items())
     return ZooBandError(f"zoo policy {spec.name!r} did not land in its band after {len(res.losses)} SFT steps "
-                        f"(sft_max_steps, {len(res.rollbacks)} overshoots rolled back): validation accuracy {got}. Raise sft_max_steps, widen the bands or "
-                        f"change the mixture; nothing was written to the cache")
+                        f"(sft_max_steps, {len(res.rollbacks)} overshoots rolled back): validation accuracy "
+                        f"{got}. Raise sft_max_steps, widen the bands or change the mixture; nothing was "
+                        f"written to the cache")
