@@ -84,7 +84,7 @@ def _model_shape(model: Any) -> tuple[int, int]:
 def _kv_dim(model: Any) -> int:
     """Width of one layer's keys (= values) per token: KV heads x head size."""
     c = model.config
-    d = getattr(c, "hidden_size", None) or c.n_embd
+    d = _model_shape(model)[1]
     heads = getattr(c, "num_attention_heads", None) or c.n_head
     kv_heads = getattr(c, "num_key_value_heads", None) or heads
     return int(kv_heads * (getattr(c, "head_dim", None) or d // heads))
