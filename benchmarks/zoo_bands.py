@@ -84,7 +84,6 @@ def main() -> None:
                   + ", ".join(f"{k} {v:.1%}{'' if row['test_in_band'][k] else ' (OUT)'}" for k, v in test.items())
                   + f", {wall:.0f}s", flush=True)
             write()
-    write()
 
 
 if __name__ == "__main__":
