@@ -65,6 +65,7 @@ def zero_shot(n: int, max_new: int) -> dict[str, Any]:
 
     from mutualrl.config import GRPOOptions
     from mutualrl.modelref import resolve_model_path
+    from mutualrl.policy import Policy
     from mutualrl.tasks import GymSource, Task
 
     sources = [GymSource(c["name"], k, c["config"]) for k, c in CANDIDATES.items()]
@@ -74,8 +75,6 @@ def zero_shot(n: int, max_new: int) -> dict[str, Any]:
         path = resolve_model_path(f"real:{model}")
         out[model] = []
         for fmt in formats:
-            from mutualrl.policy import Policy
-
             pol = Policy(model, path, GRPOOptions(max_completion_length=max_new), **fmt)
             row: dict[str, Any] = {**fmt, "accuracy": {}}
             t = time.perf_counter()
