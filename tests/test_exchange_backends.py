@@ -217,6 +217,50 @@ def test_schema_version_mismatch_is_a_user_error(tmp_path: Path) -> None:
         open_exchange(f"sqlite:///{path}")
 
 
+def _indexes(path: Path) -> set[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")}
+    finally:
+        conn.close()
+
+
+def test_new_files_key_rows_by_prompt_version_and_id(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    with open_exchange(f"sqlite:///{path}") as ex:
+        rs = [rollout(f"p{i % 3}", version=i % 2, k=i) for i in range(12)]
+        assert ex.publish(rs).accepted == 12
+        assert ex.publish(rs[::-1]) == PublishResult(0, 12, {})  # exactly once under the new key
+    assert _indexes(path) == {"experience_key", "experience_version"}
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    conn.close()
+
+
+def test_schema_1_files_are_read_and_written_as_they_are(tmp_path: Path) -> None:
+    from mutualrl.exchange import sqlite as sq
+
+    path = tmp_path / "v1.db"
+    ddl = sq._SCHEMA.replace("record_id TEXT NOT NULL,", "record_id TEXT NOT NULL UNIQUE,").replace(
+        "CREATE UNIQUE INDEX IF NOT EXISTS experience_key ON experience(prompt_id, version, record_id)",
+        "CREATE INDEX IF NOT EXISTS experience_prompt_version ON experience(prompt_id, version)")
+    assert ddl != sq._SCHEMA
+    conn = sqlite3.connect(path)
+    conn.executescript(ddl.replace(sq._CLOCK_TABLE + ";", ""))  # a schema-1 file of before the clock
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    rs = [rollout(k=k) for k in range(4)]
+    with open_exchange(f"sqlite:///{path}") as ex:
+        assert ex.publish(rs).accepted == 4
+        ex.advance(3)
+    with open_exchange(f"sqlite:///{path}") as ex:
+        assert ex.publish(rs) == PublishResult(0, 4, {})
+        assert [r.record_id for r in ex.query(["p1"])] == [r.record_id for r in rs]
+        assert ex.clock == 3
+    assert _indexes(path) == {"experience_prompt_version", "experience_version"}
+
+
 def test_large_prompt_id_lists_are_chunked(ex: Exchange) -> None:
     ex.publish([rollout(f"p{i}", version=i % 7) for i in range(1200)])
     ids = [f"p{i}" for i in range(1500)]

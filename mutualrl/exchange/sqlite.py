@@ -3,8 +3,13 @@
 One table, one row per record:
 
 * ``seq`` (INTEGER PRIMARY KEY AUTOINCREMENT): the monotonically increasing position;
-* ``record_id`` (UNIQUE) + ``INSERT OR IGNORE``: idempotent publish, exactly once;
-* ``prompt_id, version`` index for the per-step query, ``version`` index for retention;
+* a UNIQUE index on ``(prompt_id, version, record_id)`` + ``INSERT OR IGNORE``: idempotent
+  publish, exactly once. Every path into the store checks that ``record_id`` is the digest of the
+  record's content, which includes ``prompt_id`` and ``version``, so one id has one prompt and one
+  version, and the key is unique exactly when ``record_id`` is. Unlike a key on the random id
+  alone, it keeps a batch's index writes on the few leaf pages of its prompts (a batch of 256
+  rows touched ~256 pages of a ``record_id`` index), and it is the per-step query's index too;
+* ``version`` index for retention;
 * ``v0..vN`` (untyped) and ``arrays``: the record's scalar fields in field order, and its
   numeric lists packed little-endian (:func:`~mutualrl.experience.to_row`); several times
   faster to write and to read back than JSON text.
@@ -42,13 +47,16 @@ except ImportError:  # pragma: no cover - faults is optional
         """No fault injection available."""
 
 
-DB_SCHEMA_VERSION = 1
+DB_SCHEMA_VERSION = 2
+"""Schema of new files. Files of schema 1 (``record_id UNIQUE`` and a ``(prompt_id, version)``
+index; same columns, same guarantees, slower to write) are opened and used as they are."""
+_READABLE_SCHEMAS = (1, 2)
 _SYNC_MODES = ("off", "normal", "full", "extra")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS experience (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    record_id TEXT NOT NULL UNIQUE,
+    record_id TEXT NOT NULL,
     kind TEXT NOT NULL,
     prompt_id TEXT NOT NULL,
     source_policy TEXT NOT NULL,
@@ -56,14 +64,15 @@ CREATE TABLE IF NOT EXISTS experience (
     {value_columns},
     arrays BLOB NOT NULL
 );
-CREATE INDEX IF NOT EXISTS experience_prompt_version ON experience(prompt_id, version);
+CREATE UNIQUE INDEX IF NOT EXISTS experience_key ON experience(prompt_id, version, record_id);
 CREATE INDEX IF NOT EXISTS experience_version ON experience(version);
-CREATE TABLE IF NOT EXISTS exchange_clock (id INTEGER PRIMARY KEY CHECK (id = 0), step INTEGER NOT NULL);
+{clock_table};
 """
+_CLOCK_TABLE = "CREATE TABLE IF NOT EXISTS exchange_clock (id INTEGER PRIMARY KEY CHECK (id = 0), step INTEGER NOT NULL)"
 
 _NV = max(len(cls.SCALAR_FIELDS) for cls in RECORD_TYPES.values())
 _VCOLS = [f"v{i}" for i in range(_NV)]
-_SCHEMA = _SCHEMA.replace("{value_columns}", ",\n    ".join(_VCOLS))
+_SCHEMA = _SCHEMA.replace("{value_columns}", ",\n    ".join(_VCOLS)).replace("{clock_table}", _CLOCK_TABLE)
 _INSERT = (
     f"INSERT OR IGNORE INTO experience(record_id, kind, prompt_id, source_policy, version, "
     f"{', '.join(_VCOLS)}, arrays) VALUES ({', '.join('?' * (_NV + 6))})"
@@ -154,12 +163,16 @@ class SQLiteExchange(Exchange):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 have = conn.execute("PRAGMA user_version").fetchone()[0]
-                if have not in (0, DB_SCHEMA_VERSION):
+                if have not in (0, *_READABLE_SCHEMAS):
                     raise UserError(f"exchange database {path!r} has schema version {have}, this mutualrl "
-                                    f"uses {DB_SCHEMA_VERSION}; use a new file or an older mutualrl.")
-                for stmt in filter(str.strip, _SCHEMA.split(";")):
-                    conn.execute(stmt)
-                conn.execute(f"PRAGMA user_version = {DB_SCHEMA_VERSION}")
+                                    f"reads {list(_READABLE_SCHEMAS)}; use a new file or another mutualrl.")
+                if have == 0:
+                    for stmt in filter(str.strip, _SCHEMA.split(";")):
+                        conn.execute(stmt)
+                    conn.execute(f"PRAGMA user_version = {DB_SCHEMA_VERSION}")
+                else:  # a file of an earlier schema keeps its indexes; only the clock may be new to it
+                    conn.execute(_CLOCK_TABLE)
+                self.schema_version = have or DB_SCHEMA_VERSION
                 row = conn.execute("SELECT step FROM exchange_clock WHERE id = 0").fetchone()
                 self.clock = int(row[0]) if row else None
                 conn.execute("COMMIT")
