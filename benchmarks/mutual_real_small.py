@@ -1,18 +1,23 @@
 """Real models trained together: SmolLM2-135M-Instruct (Llama, 49k BPE) x Gemma-3-270M (Gemma, 262k
 SentencePiece), from PyPI wheels, offline.
 
-    python benchmarks/mutual_real_small.py [--steps 100] [--arms independent,xgrpo] [--zero-shot-only]
+    python benchmarks/mutual_real_small.py [--steps 100] [--arms independent,xgrpo,sgt] [--zero-shot-only]
+        [--zero-shot-from RESULT.json] [--reuse]
 
 1. **Zero-shot study**: greedy exact accuracy of both models on candidate reasoning-gym task types
    (``--zero-shot-size`` problems each) under each model's prompt formats and two answer
-   extractions. Each model keeps its best format; the extraction (shared by the task's verifier)
-   is the one best for both together.
+   extractions (``--zero-shot-from`` takes the table of an earlier result instead of measuring
+   it). Each model keeps its best format; the extraction (shared by the task's verifier) is the
+   one best for both together.
 2. **The task mix, by measurement**: the two candidate types on which the models are most
    complementary (model A better on one, B on the other, both partly able), equal weights.
 3. **The arms**: each on the same seed, steps and prompts, from the real-small preset
    (``examples/real_small.yaml``) with that mix; held-out greedy exact accuracy on
    ``--eval-size`` problems at ``--evals`` points; the paper-style curves and the THL residual of the
-   pair (``mutualrl thl report``'s measures on the run's completions) in the report.
+   pair (``mutualrl thl report``'s measures on the run's completions) in the report. SGT arms use
+   the zoo study's ``sgt_lambda`` (1.0, ``examples/zoo_sgt.yaml``). ``--reuse`` keeps an arm whose
+   run directory holds a finished run of the same config (``bench_arm.json``: its config and wall
+   time) instead of training it again.
 
 Writes ``benchmarks/results/mutual_real_small.json``: ``policies``, ``tasks``, ``steps``,
 ``prompts_per_step``, ``num_generations``, ``eval_size``, ``zero_shot``, ``arms`` -> arm ->
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import shutil
 import statistics
@@ -34,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, git_rev, machine, write_result  # noqa: E402
+from _common import RESULTS, git_rev, machine, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO = {"min_terms": 2, "max_terms": 2, "allow_parentheses": False, "allow_negation": False}
@@ -57,6 +63,8 @@ FORMATS: dict[str, list[dict[str, Any]]] = {
                {"prompt_template": "Q: {question}\nA:"}],
 }
 EXTRACTIONS = ("first_number", "last_number")
+SGT_LAMBDA = 1.0
+"""The rescue loss weight of the zoo study's SGT arm (``examples/zoo_sgt.yaml``)."""
 
 
 def zero_shot(n: int, max_new: int) -> dict[str, Any]:
@@ -129,22 +137,35 @@ def run_config(choice: dict[str, Any], arm: str, args: argparse.Namespace) -> di
                     "reward": "exact", "seed": 0}
     base["grpo"] = {**base["grpo"], "num_generations": args.generations}
     base["sharing"] = {**base.get("sharing", {}), "strategy": arm}
+    if "sgt" in arm.split("+"):
+        base["sharing"]["sgt_lambda"] = SGT_LAMBDA
     base.update(steps=args.steps, prompts_per_step=args.prompts, eval_size=args.eval_size,
                 eval_every=max(1, args.steps // (args.evals - 1)), checkpoint_every=10**6, seed=args.seed)
     return base
+
+
+def _finished(run_dir: Path, cfg: dict[str, Any]) -> tuple[float, Any] | None:
+    """(wall time, load average) of a finished run of ``cfg`` in ``run_dir`` (its ``bench_arm.json``),
+    else None."""
+    try:
+        rec = json.loads((run_dir / "bench_arm.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if rec.get("config") != json.loads(json.dumps(cfg)):
+        return None
+    return float(rec["wall_s"]), rec.get("load_avg")
 
 
 def thl_residual(run_dirs: list[Path]) -> dict[str, Any]:
     """THL's residual of the pair (SmolLM2 -> Gemma-3 and back) on the completions the runs sampled."""
     from transformers import AutoTokenizer
 
+    from mutualrl.config import load_config
     from mutualrl.exchange import open_exchange
     from mutualrl.modelref import resolve_model_path
+    from mutualrl.tasks.build import build_task
     from mutualrl.thl.align import align_batch
     from mutualrl.thl.residual import pair_report
-
-    from mutualrl.config import load_config
-    from mutualrl.tasks.build import build_task
 
     texts: list[str] = []
     for d in run_dirs:
@@ -161,13 +182,17 @@ def thl_residual(run_dirs: list[Path]) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--arms", default="independent,xgrpo")
+    ap.add_argument("--arms", default="independent,xgrpo,sgt")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--generations", type=int, default=4)
     ap.add_argument("--eval-size", type=int, default=200)
     ap.add_argument("--evals", type=int, default=6, help="evaluation points (start and end included)")
     ap.add_argument("--zero-shot-size", type=int, default=100)
     ap.add_argument("--zero-shot-only", action="store_true")
+    ap.add_argument("--zero-shot-from", type=Path, default=None,
+                    help="take the zero-shot table from this result JSON instead of measuring it")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep arms whose run directory holds a finished run of the same config")
     ap.add_argument("--out", default="runs/bench_real_small")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -183,33 +208,54 @@ def main() -> None:
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
     prepare_preset("real-small", progress=False)
-    zs = zero_shot(args.zero_shot_size, 12)
+    if args.zero_shot_from is not None:
+        try:
+            zs = json.loads(args.zero_shot_from.read_text())["zero_shot"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise SystemExit(f"--zero-shot-from {args.zero_shot_from}: no zero-shot table there ({exc})") from None
+    else:
+        zs = zero_shot(args.zero_shot_size, 12)
     choice = choose(zs)
     print(f"task mix: {choice['tasks']} (zero-shot {choice['accuracy']}), extraction {choice['extraction']}, "
           f"formats {choice['formats']}", flush=True)
-    result: dict[str, Any] = {"zero_shot": zs, "choice": choice, "candidates": CANDIDATES}
+    result: dict[str, Any] = {"zero_shot": zs, "choice": choice, "candidates": CANDIDATES,
+                              "zero_shot_from": str(args.zero_shot_from) if args.zero_shot_from else None}
     arms = [a.strip() for a in args.arms.split(",")] if not args.zero_shot_only else []
-    dirs, wall = [], {}
+    dirs, wall, reused, loads = [], {}, [], {}
     for arm in arms:
         out = Path(args.out) / arm
-        if out.exists():
-            shutil.rmtree(out)
-        t = time.perf_counter()
-        MutualTrainer(load_config(run_config(choice, arm, args)), out, progress=False).train()
-        wall[arm] = time.perf_counter() - t
+        cfg = run_config(choice, arm, args)
+        done = _finished(out, cfg) if args.reuse else None
+        if done is not None:
+            wall[arm], loads[arm] = done
+            reused.append(arm)
+            print(f"reusing {arm} ({out}, {wall[arm]:.0f}s)", flush=True)
+        else:
+            if out.exists():
+                shutil.rmtree(out)
+            t, load = time.perf_counter(), os.getloadavg()[0]
+            MutualTrainer(load_config(cfg), out, progress=False).train()
+            wall[arm] = time.perf_counter() - t
+            loads[arm] = {"start": load, "end": os.getloadavg()[0]}
+            (out / "bench_arm.json").write_text(json.dumps({"config": cfg, "wall_s": wall[arm],
+                                                            "load_avg": loads[arm]}, indent=1))
+            print(f"done {arm} in {wall[arm]:.0f}s", flush=True)
         dirs.append(out)
-        print(f"done {arm} in {wall[arm]:.0f}s", flush=True)
+    result["reused_arms"] = reused
     if dirs:
         summ = summarize([load_run(x) for x in dirs])
         for arm, s in summ.items():
-            s["wall_s"] = wall[arm]
+            s["wall_s"], s["load_avg"] = wall[arm], loads[arm]
             print(f"{arm:<14} average {s['avg_test_acc_initial']['mean']:.3f} -> {s['avg_test_acc_final']['mean']:.3f}"
                   f"  per policy " + ", ".join(f"{p} {s['per_policy_initial'][p]['mean']:.3f} -> "
                                               f"{s['per_policy_final'][p]['mean']:.3f}" for p in s["per_policy_final"])
                   + f"  ({wall[arm]:.0f}s)", flush=True)
         write_report(dirs, RESULTS / "mutual_real_small_report", title="mutualrl real-small: SmolLM2-135M x Gemma-3-270M",
-                     notes=[f"Task mix chosen by the zero-shot study: {', '.join(choice['tasks'])}; "
-                            f"{args.prompts} prompts x {args.generations} samples per step."])
+                     notes=[(f"Task mix chosen by the zero-shot study: {', '.join(choice['tasks'])}; "
+                            f"{args.prompts} prompts x {args.generations} samples per step, seed {args.seed}, "
+                            f"{args.steps} steps per arm."),
+                            *([f"Arms {', '.join(reused)} are earlier runs of the same config, kept (--reuse)."]
+                              if reused else [])])
         result.update(arms=summ, thl_residual=thl_residual(dirs))
     mach = machine()
     mach["load_avg"] = {"start": load0, "end": os.getloadavg()[0]}
