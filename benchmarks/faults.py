@@ -226,10 +226,22 @@ def launch(cmd: list[str], env: dict[str, str], cwd: Path, log: Path, kill_after
         return p.wait(), False
 
 
+def median_step_s(run_dir: Path) -> float:
+    """The median wall time of one training step of a finished run (its ``metrics.jsonl``)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    times = sorted(r["step_s"] for r in rows if isinstance(r.get("step_s"), (int, float)))
+    return times[len(times) // 2] if times else 1.0
+
+
 def kill_trials(work: Path, models: dict[str, Path], steps: int, plan: list[str], seed: int,
                 reference: dict[str, Any]) -> dict[str, Any]:
-    """One run, killed once per entry of ``plan`` and resumed each time; then audited."""
+    """One run, killed once per entry of ``plan`` and resumed each time; then audited.
+
+    A ``random`` kill lands a uniform fraction of one step (the reference run's median step time)
+    after the resumed process logs its first new metric row, so it falls inside the run wherever
+    the machine's speed puts the steps (a fixed delay outlived a whole idle run)."""
     rng = random.Random(seed)
+    step_s = reference["step_s"]
     run_dir = work / "killed_run"
     ack = work / "ack.jsonl"
     cfg_path = write_yaml(work / "kill.yaml", run_config(models, steps))
@@ -242,7 +254,7 @@ def kill_trials(work: Path, models: dict[str, Path], steps: int, plan: list[str]
         env = subprocess_env(work, MUTUALRL_ACK_LOG=str(ack))
         t0 = time.time()
         if spec == "random":
-            rc, outside = launch(cmd, env, work, log, lambda: rng.uniform(0.0, 1.0), run_dir)
+            rc, outside = launch(cmd, env, work, log, lambda: rng.uniform(0.0, 1.0) * step_s, run_dir)
         else:
             env["MUTUALRL_FAULT_POINT"] = spec
             rc, outside = launch(cmd, env, work, log, None, run_dir)
@@ -260,6 +272,8 @@ def kill_trials(work: Path, models: dict[str, Path], steps: int, plan: list[str]
         problems += probs
         if rc not in (0, -signal.SIGKILL):
             problems.append(f"trial {spec}: exit code {rc} (see {log})")
+        elif not killed:
+            problems.append(f"trial {spec}: the process ended without being killed (the run had no work left)")
     # finish the run
     env = subprocess_env(work, MUTUALRL_ACK_LOG=str(ack))
     rc, _ = launch(base + ["--resume", str(run_dir), "--no-progress"], env, work, log, None, run_dir)
@@ -648,7 +662,9 @@ def main(argv: list[str] | None = None) -> int:
     from mutualrl.zoo import build_tiny_models
 
     models = build_tiny_models(work / "models")
-    steps = 10 if args.quick else 16
+    # enough steps that every trial of the plan still finds work to kill: a kill rolls the run back
+    # to its last checkpoint, but a fault point that fires late (update:9) moves it ~4 steps on
+    steps = 10 if args.quick else 24
     rng = random.Random(args.seed)
     points = ["update:3", "publish:4", "checkpoint_write:2", "rollout:5", "checkpoint_commit:1", "published:3"]
     plan = points[:4] + ["random"] if args.quick else points + ["random", "random", "update:9", "random"]
@@ -659,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     # reference (uninterrupted) run in this process
     ref_dir = work / "reference_run"
     train_in_process(run_config(models, steps), ref_dir)
-    reference = {"metrics": read_metrics(ref_dir / "metrics.jsonl"),
+    reference = {"metrics": read_metrics(ref_dir / "metrics.jsonl"), "step_s": median_step_s(ref_dir),
                  "ids": {r.record_id for r in exchange_records(ref_dir / "exchange.db")}}
     print("reference run done", f"{time.perf_counter() - t0:.0f}s")
     kt = kill_trials(work, models, steps, plan, args.seed, reference)
