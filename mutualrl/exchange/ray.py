@@ -19,10 +19,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from mutualrl.errors import UserError
-from mutualrl.exchange.base import Exchange, PublishResult, Query, gc_paused
+from mutualrl.exchange.base import _RECORD_CLASSES, Exchange, PublishResult, Query, gc_paused
 from mutualrl.experience import (
     DEFAULT_LIMITS,
-    RECORD_TYPES,
     ExperienceLimits,
     InvalidExperience,
     Record,
@@ -163,7 +162,7 @@ class RayExchange(Exchange):
         records = list(records)
         rows = []
         for r in records:
-            if not isinstance(r, tuple(RECORD_TYPES.values())):
+            if not isinstance(r, _RECORD_CLASSES):
                 raise TypeError(f"publish() takes experience records, got {type(r).__name__}")
             # the id is sent only when the record claims one: the actor derives it from the content
             rows.append([r.kind, r.__dict__.get("record_id"), [getattr(r, n) for n in r.SCALAR_FIELDS],

@@ -172,7 +172,6 @@ class SQLiteExchange(Exchange):
                     conn.execute(f"PRAGMA user_version = {DB_SCHEMA_VERSION}")
                 else:  # a file of an earlier schema keeps its indexes; only the clock may be new to it
                     conn.execute(_CLOCK_TABLE)
-                self.schema_version = have or DB_SCHEMA_VERSION
                 row = conn.execute("SELECT step FROM exchange_clock WHERE id = 0").fetchone()
                 self.clock = int(row[0]) if row else None
                 conn.execute("COMMIT")
