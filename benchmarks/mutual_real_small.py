@@ -199,6 +199,17 @@ def main() -> None:
     ap.add_argument("--seeds", default="0", help="comma-separated training seeds (every arm runs each)")
     ap.add_argument("--name", default="mutual_real_small", help="result name (JSON and report directory)")
     args = ap.parse_args()
+    try:
+        seeds = [int(x) for x in args.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 0,1,2")
+    zs_given: dict[str, Any] | None = None
+    if args.zero_shot_from is not None:
+        try:
+            zs_given = json.loads(args.zero_shot_from.read_text())["zero_shot"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            ap.error(f"--zero-shot-from {args.zero_shot_from}: no zero-shot table there ({exc!r}); give a "
+                     "result JSON this benchmark wrote")
 
     import torch
 
@@ -211,20 +222,13 @@ def main() -> None:
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
     prepare_preset("real-small", progress=False)
-    if args.zero_shot_from is not None:
-        try:
-            zs = json.loads(args.zero_shot_from.read_text())["zero_shot"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise SystemExit(f"--zero-shot-from {args.zero_shot_from}: no zero-shot table there ({exc})") from None
-    else:
-        zs = zero_shot(args.zero_shot_size, 12)
+    zs = zs_given if zs_given is not None else zero_shot(args.zero_shot_size, 12)
     choice = choose(zs)
     print(f"task mix: {choice['tasks']} (zero-shot {choice['accuracy']}), extraction {choice['extraction']}, "
           f"formats {choice['formats']}", flush=True)
     result: dict[str, Any] = {"zero_shot": zs, "choice": choice, "candidates": CANDIDATES,
                               "zero_shot_from": str(args.zero_shot_from) if args.zero_shot_from else None}
     arms = [a.strip() for a in args.arms.split(",")] if not args.zero_shot_only else []
-    seeds = [int(x) for x in args.seeds.split(",")]
     dirs: list[Path] = []
     wall: dict[str, list[float]] = {a: [] for a in arms}
     loads: dict[str, list[Any]] = {a: [] for a in arms}
