@@ -27,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from mutualrl.config import GenerationConfig, GRPOOptions, PeftConfig
 from mutualrl.devices import cpu_has_native_bf16, resolve_dtype
 from mutualrl.engines.base import GenerationEngine, SamplingParams, cache_kwarg, dedupe_prompts, left_pad
+from mutualrl.engines.head import HEAD_BLOCK_COLUMNS, decoder_and_head
 
 LOGITS_BUDGET = 1 << 25
 """Most logits (elements) the training forward holds at once: 32 M floats, 128 MiB in fp32."""
@@ -185,8 +186,10 @@ class Policy:
             return VLLMEngine(self)
         from mutualrl.engines.hf import HFEngine
 
+        # the blocked LM head pays on CPU; under autocast the model's own head keeps its dtype handling
+        block = HEAD_BLOCK_COLUMNS if self.device.type == "cpu" and self.compute_dtype != "bfloat16" else None
         return HFEngine(self.model, self.eos_ids, self.pad_id, self.generator, autocast=self._autocast,
-                        share_prompt_prefix=self.share_prompt_prefix)
+                        share_prompt_prefix=self.share_prompt_prefix, head_block=block)
 
     def enable_rescue_optimizer(self, lr: float) -> torch.optim.Optimizer:
         """A second AdamW over the same trainable weights, for supervised (SGT rescue) steps."""
@@ -289,8 +292,7 @@ class Policy:
     # ------------------------------------------------------------------ training-side log-probs
     def _parts(self, model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
         """(decoder, LM head) of ``model`` (through a peft wrapper)."""
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        return base.get_decoder(), base.get_output_embeddings()
+        return decoder_and_head(model)
 
     def _head_logprobs(self, head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         softcap = getattr(self.model.config, "final_logit_softcapping", None)

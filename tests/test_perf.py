@@ -84,3 +84,65 @@ def test_bf16_on_cpu_without_native_bf16_warns(tiny_models, monkeypatch) -> None
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         Policy("p", str(tiny_models["tiny-gpt2"]), GRPOOptions(dtype="bfloat16"))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_blocked_logits_match_the_head(bias, softcap) -> None:
+    from mutualrl.engines.head import blocked_logits
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(24, 1000, bias=bias)  # 1000 rows: the last block is partial
+    hidden = torch.randn(5, 24)
+    want = head(hidden)
+    if softcap:
+        want = torch.tanh(want / softcap) * softcap
+    buf = torch.full((5, 1000), float("nan"))
+    got = blocked_logits(head, hidden, block=128, out=buf, softcap=softcap)
+    assert got.data_ptr() == buf.data_ptr()
+    assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_blocked_head_sampling_matches(tiny_models, name) -> None:
+    """The engine's blocked LM head samples the same tokens with the same log-probs as the model's
+    own forward, sampled and greedy."""
+    from mutualrl.engines import HFEngine, SamplingParams
+
+    pol = _policy(tiny_models[name])
+    prompts = [pol.encode_prompt(q) for q in ["What is 12 + 34?", "What is 5 - 3?"]]
+    out = {}
+    for block in (None, 7):
+        eng = HFEngine(pol.model, pol.eos_ids, pol.pad_id, torch.Generator().manual_seed(3), head_block=block)
+        for greedy in (False, True):
+            out[(block, greedy)] = eng.generate(prompts, 3, SamplingParams(max_new_tokens=6, greedy=greedy))
+        assert eng.blocked_head is (block is not None)
+    for greedy in (False, True):
+        a, b = out[(None, greedy)], out[(7, greedy)]
+        assert a.ids == b.ids and a.finished == b.finished
+        for x, y in zip(a.logprobs, b.logprobs, strict=True):
+            assert torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-5)
+
+
+def test_blocked_head_falls_back_when_the_model_rescales_its_logits(tiny_models) -> None:
+    """A model whose forward changes the head's output (here: halves it) keeps its own forward."""
+    from mutualrl.engines import HFEngine, SamplingParams
+
+    pol = _policy(tiny_models["tiny-llama"])
+    model = pol.model
+    forward = model.forward
+
+    def halved(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits = out.logits * 0.5
+        return out
+
+    model.forward = halved
+    prompts = [pol.encode_prompt("What is 12 + 34?")]
+    res = {}
+    for block in (None, 7):
+        eng = HFEngine(model, pol.eos_ids, pol.pad_id, torch.Generator().manual_seed(3), head_block=block)
+        res[block] = eng.generate(prompts, 4, SamplingParams(max_new_tokens=5))
+        assert eng.blocked_head is False
+    assert res[None].ids == res[7].ids and res[None].logprobs == res[7].logprobs
+    assert Policy("q", str(tiny_models["tiny-llama"]), GRPOOptions()).engine.head_block  # on by default on CPU

@@ -118,10 +118,12 @@ def test_generation_stops_at_eos(policies, name):
         return out
 
     pol.model.forward = forced
+    blocked, pol.engine.blocked_head = pol.engine.blocked_head, False  # steer the model's own forward
     try:
         ids, lps, fin = pol.generate_ids([pol.encode_prompt(q) for q in QUESTIONS])
     finally:
         del pol.model.forward
+        pol.engine.blocked_head = blocked
     assert ids[0] == [eos] and fin[0]
     assert len(ids[1]) == 3 and ids[1][-1] == eos and fin[1]
     assert len(ids[2]) == 7 and not fin[2] and eos not in ids[2]

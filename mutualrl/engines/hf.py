@@ -3,7 +3,9 @@
 Left-padded prompts; a prompt shared by several rows (a GRPO group) is prefilled once and its
 cache indexed out to its rows. Per generated token the loop does one forward of one position, a
 log-softmax, a draw from the seeded generator and a few in-place writes into preallocated buffers;
-it copies to the host only at the end.
+it copies to the host only at the end. With ``head_block`` (the policy sets it on CPU in fp32) the
+LM head runs in vocabulary blocks (:mod:`mutualrl.engines.head`) into a reused buffer, once the
+first call has checked that this reproduces the model's own logits.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from mutualrl.engines.base import (
     left_pad,
     sample_tokens,
 )
+from mutualrl.engines.head import blockable, blocked_logits, decoder_and_head
 
 
 class HFEngine:
@@ -35,10 +38,14 @@ class HFEngine:
             a device generator from it (so a checkpointed host generator makes sampling resumable).
         autocast: a context manager factory for the compute dtype (e.g. bf16 autocast).
         share_prompt_prefix: prefill a prompt shared by several rows once.
+        head_block: compute the LM head in blocks of this many vocabulary rows (``None``: the
+            model's own forward). Used only when the head is a plain linear layer and, checked on
+            the first call, the decoder plus the blocked head give the model's logits.
     """
 
     def __init__(self, model: torch.nn.Module, eos_ids: Iterable[int], pad_id: int, generator: torch.Generator,
-                 *, autocast: Any = contextlib.nullcontext, share_prompt_prefix: bool = True) -> None:
+                 *, autocast: Any = contextlib.nullcontext, share_prompt_prefix: bool = True,
+                 head_block: int | None = None) -> None:
         self.model = model
         self.eos_ids = sorted(set(int(e) for e in eos_ids))
         self.pad_id = int(pad_id)
@@ -46,6 +53,44 @@ class HFEngine:
         self.autocast = autocast
         self.share_prompt_prefix = share_prompt_prefix
         self._cache_kw = cache_kwarg(model)
+        self.head_block = head_block
+        self.blocked_head: bool | None = None if head_block else False
+        """Whether decoding uses the blocked head: ``None`` until the first call has checked it."""
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, past: Any,
+                 buf: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
+        """Logits of the last position (``[B, V]``, fp32) and the cache after one forward."""
+        kw = {self._cache_kw: past} if past is not None else {}
+        if self.blocked_head:
+            decoder, head = decoder_and_head(self.model)
+            with self.autocast():
+                out = decoder(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kw)
+            hidden = out.last_hidden_state[:, -1].to(head.weight.dtype)
+            logits = blocked_logits(head, hidden, self.head_block, buf if buf is not None and
+                                    buf.shape[0] == hidden.shape[0] else None, self._softcap())
+            return logits.float(), getattr(out, self._cache_kw)
+        with self.autocast():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                             logits_to_keep=1, **kw)
+        return out.logits[:, -1].float(), getattr(out, self._cache_kw)
+
+    def _softcap(self) -> float | None:
+        return getattr(getattr(self.model, "config", None), "final_logit_softcapping", None)
+
+    def _check_blocked_head(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+                            logits: torch.Tensor) -> None:
+        """Decide :attr:`blocked_head` from one prefill: the decoder plus the blocked head must give
+        ``logits`` (the model's own) to float rounding, else the model's forward stays."""
+        decoder, head = decoder_and_head(self.model)
+        self.blocked_head = False
+        if not blockable(head):
+            return
+        self.blocked_head = True
+        try:
+            mine, _ = self._forward(ids, mask, pos, None, None)
+        except (TypeError, AttributeError, RuntimeError):
+            mine = None
+        self.blocked_head = mine is not None and torch.allclose(mine, logits, rtol=1e-4, atol=1e-4)
 
     @property
     def device(self) -> torch.device:
@@ -82,11 +127,13 @@ class HFEngine:
         out_tok = torch.full((b, max_new), self.pad_id, dtype=torch.long, device=dev)
         out_lp = torch.zeros((b, max_new), dtype=torch.float32, device=dev)
         lengths = torch.zeros(b, dtype=torch.long, device=dev)
-        with self.autocast():
-            out = model(input_ids=ids, attention_mask=mask_full[:, :width], position_ids=pos, use_cache=True,
-                        logits_to_keep=1)
-        past = getattr(out, self._cache_kw)
-        logits = out.logits[:, -1].float()
+        logits, past = self._forward(ids, mask_full[:, :width], pos, None, None)
+        if self.blocked_head is None:
+            self._check_blocked_head(ids, mask_full[:, :width], pos, logits)
+        buf = None
+        if self.blocked_head:
+            head = decoder_and_head(model)[1]
+            buf = torch.empty((b, head.weight.shape[0]), dtype=head.weight.dtype, device=dev)
         if len(uniq) < b:  # each distinct prompt was prefilled once: index its cache out to its rows
             sel = torch.tensor(inv, device=dev)
             past.batch_select_indices(sel)
@@ -106,11 +153,7 @@ class HFEngine:
             if t == max_new - 1 or bool(finished.all()):
                 break
             pos = pos + 1
-            with self.autocast():
-                out = model(input_ids=out_tok[:, t:t + 1], attention_mask=mask_full[:, :width + t + 1],
-                            position_ids=pos, use_cache=True, **{self._cache_kw: past})
-            past = getattr(out, self._cache_kw)
-            logits = out.logits[:, -1].float()
+            logits, past = self._forward(out_tok[:, t:t + 1], mask_full[:, :width + t + 1], pos, past, buf)
         if was_training:
             model.train()
         toks = out_tok[:, :steps].tolist()
