@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import json
 import os
 import shutil
@@ -104,8 +105,36 @@ def zero_shot(n: int, max_new: int) -> dict[str, Any]:
     return out
 
 
-def choose(zs: dict[str, Any]) -> dict[str, Any]:
-    """Best format per model and the shared extraction; the most complementary pair of types."""
+SHORTCUT_SHARE = 0.10
+"""A task type whose most common answer is this share of its problems or more is left out of the
+mix: a policy that always gives that answer earns that reward without solving anything, and
+GRPO finds it (on ``gcd``, 21 % of whose problems have gcd 1, Gemma-3 collapsed to chains of ones
+by step 30 and its verified "successes" reached SmolLM2 as SGT rescue rows)."""
+
+
+def constant_answer_share(n: int = 600) -> dict[str, float]:
+    """Per candidate type, the share of ``n`` training problems taken by its most common answer."""
+    from collections import Counter
+
+    from mutualrl.tasks import GymSource, Task
+
+    sources = [GymSource(c["name"], k, c["config"]) for k, c in CANDIDATES.items()]
+    task = Task(sources, [1.0] * len(sources), test_size=len(sources), train_size=len(sources) * n, seed=0)
+    share = {}
+    for src in task.source_names:
+        answers = Counter(p.answer.strip() for p in task.train[src][:n])
+        share[src] = max(answers.values()) / sum(answers.values())
+    return share
+
+
+def choose(zs: dict[str, Any], shortcut: dict[str, float] | None = None, n: int = 100) -> dict[str, Any]:
+    """Best format per model and the shared extraction, then the pair of task types.
+
+    Types a constant answer would solve :data:`SHORTCUT_SHARE` of the time are left out. A pair is
+    complementary when model A beats B on one type and B beats A on the other, each by more than two
+    standard errors of the difference on ``n`` problems; the most complementary such pair is taken.
+    With none, the pair both models can partly solve best (the highest lowest accuracy of the four).
+    """
     best: dict[str, Any] = {}
     for ex in EXTRACTIONS:
         fmts = {m: max(rows, key=lambda r: statistics.fmean(r["accuracy"][ex].values())) for m, rows in zs.items()}
@@ -114,16 +143,31 @@ def choose(zs: dict[str, Any]) -> dict[str, Any]:
             best = {"extraction": ex, "formats": fmts, "score": score}
     ex, (a, b) = best["extraction"], list(zs)
     acc = {m: best["formats"][m]["accuracy"][ex] for m in (a, b)}
-    pairs = []
-    for t1, t2 in itertools.permutations(CANDIDATES, 2):
+    excluded = {t: v for t, v in (shortcut or {}).items() if v >= SHORTCUT_SHARE}
+    kept = [t for t in CANDIDATES if t not in excluded]
+
+    def se(t: str) -> float:  # standard error of the two models' accuracy difference on type t
+        return math.sqrt(sum(acc[m][t] * (1 - acc[m][t]) for m in (a, b)) / n)
+
+    complementary, able = [], []
+    for t1, t2 in itertools.permutations(kept, 2):
         # a better on t1, b better on t2, and each model partly able on its weaker type
         gain = (acc[a][t1] - acc[b][t1]) + (acc[b][t2] - acc[a][t2])
         floor = min(acc[a][t2], acc[b][t1], acc[a][t1], acc[b][t2])
-        pairs.append((gain + 0.5 * floor, t1, t2))
-    _, t1, t2 = max(pairs)
+        if acc[a][t1] - acc[b][t1] > 2 * se(t1) and acc[b][t2] - acc[a][t2] > 2 * se(t2):
+            complementary.append((gain + 0.5 * floor, t1, t2))
+        able.append((floor, acc[a][t1] + acc[a][t2] + acc[b][t1] + acc[b][t2], *sorted((t1, t2))))
+    if complementary:
+        rule = "complementary: each model better on one type by more than 2 standard errors"
+        _, t1, t2 = max(complementary)
+    else:
+        rule = ("no pair complementary beyond 2 standard errors: the pair both models partly solve best "
+                "(highest lowest accuracy)")
+        *_, t1, t2 = max(able)
     return {"extraction": ex, "formats": {m: {k: v for k, v in f.items() if k not in ("accuracy", "seconds")}
                                           for m, f in best["formats"].items()},
-            "tasks": [t1, t2], "accuracy": {m: {t: acc[m][t] for t in (t1, t2)} for m in (a, b)}}
+            "tasks": [t1, t2], "accuracy": {m: {t: acc[m][t] for t in (t1, t2)} for m in (a, b)},
+            "rule": rule, "excluded_shortcut": excluded, "constant_answer_share": shortcut}
 
 
 def run_config(choice: dict[str, Any], arm: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
@@ -223,7 +267,7 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     prepare_preset("real-small", progress=False)
     zs = zs_given if zs_given is not None else zero_shot(args.zero_shot_size, 12)
-    choice = choose(zs)
+    choice = choose(zs, constant_answer_share(), args.zero_shot_size)
     print(f"task mix: {choice['tasks']} (zero-shot {choice['accuracy']}), extraction {choice['extraction']}, "
           f"formats {choice['formats']}", flush=True)
     result: dict[str, Any] = {"zero_shot": zs, "choice": choice, "candidates": CANDIDATES,
