@@ -146,3 +146,44 @@ def test_blocked_head_falls_back_when_the_model_rescales_its_logits(tiny_models)
         assert eng.blocked_head is False
     assert res[None].ids == res[7].ids and res[None].logprobs == res[7].logprobs
     assert Policy("q", str(tiny_models["tiny-llama"]), GRPOOptions()).engine.head_block  # on by default on CPU
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_decode_mask_4d_matches_the_2d_mask(tiny_models, name) -> None:
+    """Decoding with the 4D padding mask samples what the 2D mask samples (ragged, left-padded
+    prompts), and the first call switches it on for an SDPA model."""
+    from mutualrl.engines import HFEngine, SamplingParams
+
+    pol = _policy(tiny_models[name])
+    prompts = [pol.encode_prompt(q) for q in ["What is 12 + 34?", "5 - 3?", "What is 99 + 1 + 1?"]]
+    out = {}
+    for four_d in (False, None):
+        eng = HFEngine(pol.model, pol.eos_ids, pol.pad_id, torch.Generator().manual_seed(5))
+        eng.mask_4d = four_d
+        out[four_d] = [eng.generate(prompts, 2, SamplingParams(max_new_tokens=7)) for _ in range(2)]
+        if four_d is None:
+            assert eng.mask_4d is True
+    for a, b in zip(out[False], out[None], strict=True):
+        assert a.ids == b.ids
+        for x, y in zip(a.logprobs, b.logprobs, strict=True):
+            assert torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-5)
+
+
+def test_decode_mask_4d_not_used_where_it_is_not_the_same_mask(tiny_models) -> None:
+    """Eager attention (an additive float mask) and a sliding window shorter than the sequence keep
+    the 2D mask."""
+    from mutualrl.engines import HFEngine, SamplingParams
+
+    pol = _policy(tiny_models["tiny-llama"])
+    eng = HFEngine(pol.model, pol.eos_ids, pol.pad_id, torch.Generator().manual_seed(5))
+    assert eng._mask_4d_applies(40)
+    pol.model.config.sliding_window = 8
+    assert not eng._mask_4d_applies(40) and eng._mask_4d_applies(8)
+    pol.model.config.sliding_window = None
+    pol.model.config._attn_implementation = "eager"
+    try:
+        assert not eng._mask_4d_applies(40)
+        eng.generate([pol.encode_prompt("What is 1 + 2?")], 2, SamplingParams(max_new_tokens=4))
+        assert eng.mask_4d is None  # never checked, never used
+    finally:
+        pol.model.config._attn_implementation = "sdpa"

@@ -5,12 +5,16 @@ cache indexed out to its rows. Per generated token the loop does one forward of 
 log-softmax, a draw from the seeded generator and a few in-place writes into preallocated buffers;
 it copies to the host only at the end. With ``head_block`` (the policy sets it on CPU in fp32) the
 LM head runs in vocabulary blocks (:mod:`mutualrl.engines.head`) into a reused buffer, once the
-first call has checked that this reproduces the model's own logits.
+first call has checked that this reproduces the model's own logits. Decoding steps pass the padding
+mask as the 4D boolean mask SDPA takes, which transformers uses as it is instead of building one
+from the 2D mask at every step (the zoo's 32-token sampling ~15 % faster), where that is the same
+mask: SDPA attention, no sliding window shorter than the sequence; the first call checks it too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -56,6 +60,33 @@ class HFEngine:
         self.head_block = head_block
         self.blocked_head: bool | None = None if head_block else False
         """Whether decoding uses the blocked head: ``None`` until the first call has checked it."""
+        self.mask_4d: bool | None = None
+        """Whether decoding steps pass a 4D padding mask: ``None`` until the first call has checked it."""
+
+    def _mask_4d_applies(self, length: int) -> bool:
+        """Whether a 4D boolean padding mask of ``length`` positions is the mask the model would build:
+        SDPA attention and no sliding window or attention chunk shorter than the sequence."""
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        cfg = getattr(base, "config", None)
+        if cfg is None or getattr(cfg, "_attn_implementation", None) != "sdpa":
+            return False
+        window = [getattr(cfg, k, None) for k in ("sliding_window", "attention_chunk_size")]
+        return all(w is None or length <= w for w in window)
+
+    def _check_mask_4d(self, ids: torch.Tensor, mask2: torch.Tensor, mask4: torch.Tensor, pos: torch.Tensor,
+                       past: Any) -> tuple[torch.Tensor, Any]:
+        """One decoding step with the 2D mask (its result is used) and the same step, on a copy of the
+        cache, with the 4D mask: :attr:`mask_4d` is whether the two give the same logits."""
+        logits, past = self._forward(ids, mask2, pos, past, None)
+        self.mask_4d = False
+        try:
+            trial = copy.deepcopy(past)
+            trial.crop(trial.get_seq_length() - 1)
+            mine, _ = self._forward(ids, mask4, pos, trial, None)
+            self.mask_4d = bool(torch.allclose(mine, logits, rtol=1e-4, atol=1e-4))
+        except (AttributeError, TypeError, RuntimeError, ValueError, IndexError):
+            pass
+        return logits, past
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, past: Any,
                  buf: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
@@ -139,6 +170,8 @@ class HFEngine:
             past.batch_select_indices(sel)
             mask_full, pos, logits = mask_full[sel], pos[sel], logits[sel]
         pos = pos[:, -1:]
+        mask4 = (mask_full.bool()[:, None, None, :]
+                 if self.mask_4d is not False and self._mask_4d_applies(width + max_new) else None)
         gen = self.generator
         if gen.device != dev:  # draw on the device (no host round trip per token), seeded from the host generator
             gen = torch.Generator(device=dev).manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.generator)))
@@ -153,7 +186,12 @@ class HFEngine:
             if t == max_new - 1 or bool(finished.all()):
                 break
             pos = pos + 1
-            logits, past = self._forward(out_tok[:, t:t + 1], mask_full[:, :width + t + 1], pos, past, buf)
+            step_ids, kv = out_tok[:, t:t + 1], width + t + 1
+            if mask4 is not None and self.mask_4d is None:
+                logits, past = self._check_mask_4d(step_ids, mask_full[:, :kv], mask4[..., :kv], pos, past)
+            else:
+                m = mask4[..., :kv] if mask4 is not None and self.mask_4d else mask_full[:, :kv]
+                logits, past = self._forward(step_ids, m, pos, past, buf)
         if was_training:
             model.train()
         toks = out_tok[:, :steps].tolist()
