@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import json
+import math
 import os
 import shutil
 import statistics

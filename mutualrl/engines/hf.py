@@ -112,7 +112,7 @@ class HFEngine:
                             logits: torch.Tensor) -> None:
         """Decide :attr:`blocked_head` from one prefill: the decoder plus the blocked head must give
         ``logits`` (the model's own) to float rounding, else the model's forward stays."""
-        decoder, head = decoder_and_head(self.model)
+        head = decoder_and_head(self.model)[1]
         self.blocked_head = False
         if not blockable(head):
             return
