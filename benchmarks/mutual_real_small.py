@@ -182,7 +182,9 @@ def run_config(choice: dict[str, Any], arm: str, args: argparse.Namespace, seed:
                     "answer_extraction": choice["extraction"], "test_size": args.eval_size, "train_size": 4000,
                     "reward": "exact", "seed": 0}
     base["grpo"] = {**base["grpo"], "num_generations": args.generations}
-    base["sharing"] = {**base.get("sharing", {}), "strategy": arm}
+    # the arm alone decides the sharing section (not the preset's default strategy), so editing the
+    # preset's sharing keeps finished arms reusable; non-SGT arms take the config default λ (unused)
+    base["sharing"] = {"strategy": arm}
     if "sgt" in arm.split("+"):
         base["sharing"]["sgt_lambda"] = SGT_LAMBDA
     base.update(steps=args.steps, prompts_per_step=args.prompts, eval_size=args.eval_size,
