@@ -66,10 +66,14 @@ def dedupe_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int]]
     return [list(k) for k in index], inv
 
 
+def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model under a peft wrapper (``model`` itself when it has none)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def cache_kwarg(model: torch.nn.Module) -> str:
     """The KV-cache argument name of this transformers version (``cache`` or ``past_key_values``)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # through a peft wrapper
-    params = inspect.signature(base.forward).parameters
+    params = inspect.signature(unwrap_peft(model).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from mutualrl.engines.base import unwrap_peft
+
 HEAD_BLOCK_COLUMNS = 1024
 """Vocabulary rows per block of :func:`blocked_logits` (1024 and 2048 measured equal at 16 rows;
 one call over the whole vocabulary 1.3-1.6x slower)."""
@@ -23,7 +25,7 @@ one call over the whole vocabulary 1.3-1.6x slower)."""
 
 def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(decoder, LM head) of a Hugging Face causal LM, through a peft wrapper."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = unwrap_peft(model)
     return base.get_decoder(), base.get_output_embeddings()
 
 

@@ -27,6 +27,7 @@ from mutualrl.engines.base import (
     dedupe_prompts,
     left_pad,
     sample_tokens,
+    unwrap_peft,
 )
 from mutualrl.engines.head import blockable, blocked_logits, decoder_and_head
 
@@ -60,14 +61,15 @@ class HFEngine:
         self.head_block = head_block
         self.blocked_head: bool | None = None if head_block else False
         """Whether decoding uses the blocked head: ``None`` until the first call has checked it."""
+        self._parts: tuple[torch.nn.Module, torch.nn.Module] | None = None
+        """(decoder, LM head), taken by that check."""
         self.mask_4d: bool | None = None
         """Whether decoding steps pass a 4D padding mask: ``None`` until the first call has checked it."""
 
     def _mask_4d_applies(self, length: int) -> bool:
         """Whether a 4D boolean padding mask of ``length`` positions is the mask the model would build:
         SDPA attention and no sliding window or attention chunk shorter than the sequence."""
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        cfg = getattr(base, "config", None)
+        cfg = getattr(unwrap_peft(self.model), "config", None)
         if cfg is None or getattr(cfg, "_attn_implementation", None) != "sdpa":
             return False
         window = [getattr(cfg, k, None) for k in ("sliding_window", "attention_chunk_size")]
@@ -93,7 +95,7 @@ class HFEngine:
         """Logits of the last position (``[B, V]``, fp32) and the cache after one forward."""
         kw = {self._cache_kw: past} if past is not None else {}
         if self.blocked_head:
-            decoder, head = decoder_and_head(self.model)
+            decoder, head = self._parts
             with self.autocast():
                 out = decoder(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kw)
             hidden = out.last_hidden_state[:, -1].to(head.weight.dtype)
@@ -112,9 +114,9 @@ class HFEngine:
                             logits: torch.Tensor) -> None:
         """Decide :attr:`blocked_head` from one prefill: the decoder plus the blocked head must give
         ``logits`` (the model's own) to float rounding, else the model's forward stays."""
-        head = decoder_and_head(self.model)[1]
+        self._parts = decoder_and_head(self.model)
         self.blocked_head = False
-        if not blockable(head):
+        if not blockable(self._parts[1]):
             return
         self.blocked_head = True
         try:
@@ -163,8 +165,8 @@ class HFEngine:
             self._check_blocked_head(ids, mask_full[:, :width], pos, logits)
         buf = None
         if self.blocked_head:
-            head = decoder_and_head(model)[1]
-            buf = torch.empty((b, head.weight.shape[0]), dtype=head.weight.dtype, device=dev)
+            weight = self._parts[1].weight
+            buf = torch.empty((b, weight.shape[0]), dtype=weight.dtype, device=dev)
         if len(uniq) < b:  # each distinct prompt was prefilled once: index its cache out to its rows
             sel = torch.tensor(inv, device=dev)
             past.batch_select_indices(sel)
