@@ -194,12 +194,17 @@ def run_config(choice: dict[str, Any], arm: str, args: argparse.Namespace, seed:
 
 def _finished(run_dir: Path, cfg: dict[str, Any]) -> tuple[float, Any] | None:
     """(wall time, load average) of a finished run of ``cfg`` in ``run_dir`` (its ``bench_arm.json``),
-    else None."""
+    else None. Configs are compared as resolved (defaults filled in), so a field spelled out at its
+    default value is the same run as one left out."""
+    from mutualrl.config import load_config
+    from mutualrl.errors import UserError
+
     try:
         rec = json.loads((run_dir / "bench_arm.json").read_text())
-    except (OSError, ValueError):
+        same = load_config(rec["config"], check_paths=False).to_dict() == load_config(cfg, check_paths=False).to_dict()
+    except (OSError, ValueError, KeyError, TypeError, UserError):
         return None
-    if rec.get("config") != json.loads(json.dumps(cfg)):
+    if not same:
         return None
     return float(rec["wall_s"]), rec.get("load_avg")
 
