@@ -28,7 +28,7 @@ def git_rev() -> str:
             rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True, cwd=where,
                                           stderr=subprocess.DEVNULL).strip()
             dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "mutualrl"], cwd=where,
-                                   stderr=subprocess.DEVNULL).returncode != 0
+                                   stderr=subprocess.DEVNULL, check=False).returncode != 0
             return rev + ("+dirty" if dirty else "")
         except (OSError, subprocess.CalledProcessError):
             continue

@@ -30,7 +30,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import git_rev, machine, write_result  # noqa: E402
+from _common import git_rev, machine, write_result
 
 SHAPES: dict[str, dict[str, Any]] = {
     # Qwen2.5-0.5B's widths, depth, heads and vocabulary on a Llama config (no q/k/v bias): with model

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import git_rev, machine, write_result  # noqa: E402
+from _common import git_rev, machine, write_result
 
 
 def run_config(policy: str, seed: int, steps: int, eval_size: int, eval_every: int) -> dict:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import git_rev, machine, write_result  # noqa: E402
+from _common import git_rev, machine, write_result
 
 BASE: dict[str, Any] = {
     "task": {"preset": "zoo", "test_size": 800, "seed": 0, "reward": "score"},

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import git_rev, machine, write_result  # noqa: E402
+from _common import git_rev, machine, write_result
 
 
 def child(model: str, rows: int, completion: int, budget: int | None) -> dict:

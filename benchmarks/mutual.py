@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, git_rev, machine, write_result  # noqa: E402
+from _common import RESULTS, git_rev, machine, write_result
 
 
 def main() -> None:
@@ -47,8 +47,8 @@ def main() -> None:
         _run_one(args)
         return
 
-    from mutualrl.demo import DEMO_POLICIES
     from mutualrl.checkpoint import latest_checkpoint
+    from mutualrl.demo import DEMO_POLICIES
     from mutualrl.report import load_run, summarize, write_report
     from mutualrl.zoo import build_zoo
 
@@ -94,8 +94,8 @@ def main() -> None:
     name = args.name or ("mutual_quick" if args.quick else "mutual")
     cfg0 = _config("independent", 0, args)
     write_report(run_dirs, RESULTS / f"{name}_report", title=f"mutualrl {name}",
-                 notes=[f"Config: {cfg0['prompts_per_step']} prompts x {cfg0['grpo']['num_generations']} samples per "
-                        f"step, lr {cfg0['grpo']['learning_rate']}, reward {cfg0['task'].get('reward', 'score')}."])
+                 notes=[(f"Config: {cfg0['prompts_per_step']} prompts x {cfg0['grpo']['num_generations']} samples "
+                         f"per step, lr {cfg0['grpo']['learning_rate']}, reward {cfg0['task'].get('reward', 'score')}.")])
     base = summ.get("independent", {}).get("avg_test_acc_final", {}).get("mean")
     print(f"\n{'arm':<14}{'final avg acc':>16}{'std':>8}{'gain pts':>10}{'min gain':>10}{'Δ vs indep':>12}"
           f"{'wall s':>9}")

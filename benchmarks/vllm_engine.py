@@ -30,7 +30,7 @@ from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import git_rev, machine, write_result  # noqa: E402
+from _common import git_rev, machine, write_result
 
 CASES = {
     "zoo": {"model": "zoo:gpt2-add", "prompts": 16, "n": 8, "max_tokens": 8, "grpo": {"max_completion_length": 6},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import IO, Any
+from typing import IO, Any, Self
 
 
 def _clock(seconds: float) -> str:
@@ -51,7 +51,7 @@ class Progress:
         isatty = getattr(self.stream, "isatty", None)
         return not (isatty and isatty())
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> Self:
         if self.enabled and not self.plain:
             from rich.console import Console
             from rich.progress import (

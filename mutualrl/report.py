@@ -224,9 +224,9 @@ def write_report(run_dirs: list[Path], out_dir: Path, title: str = "mutualrl com
                 cells = [f"{ini[t]['mean']:.3f} → {fin[t]['mean']:.3f}" if t in fin else "n/a" for t in types]
                 lines.append(f"| {a} | {p} | " + " | ".join(cells) + f" | {s['sgt_rescue_rows'][p]['mean']:.0f} |")
     lines += ["", "![curves](curves.png)", "",
-              "Test accuracy is greedy exact match on the same held-out problems for every policy and arm; the "
-              "middle row is each policy's weak skill (its worst task type at step 0); train reward is the mean "
-              "reward of sampled completions (smoothed over 10 steps). Bands: spread over seeds.", ""]
+              ("Test accuracy is greedy exact match on the same held-out problems for every policy and arm; the "
+               "middle row is each policy's weak skill (its worst task type at step 0); train reward is the mean "
+               "reward of sampled completions (smoothed over 10 steps). Bands: spread over seeds."), ""]
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path

@@ -15,7 +15,7 @@ def learning_rate_at(options: GRPOOptions, step: int, total_steps: int) -> float
     linear or cosine decay to 0.1 % of ``learning_rate`` at the last step.
     """
     lr = options.learning_rate
-    warm = options.warmup_steps or int(round(options.warmup_ratio * total_steps))
+    warm = options.warmup_steps or round(options.warmup_ratio * total_steps)
     if step < warm:
         return lr * (step + 1) / warm
     if options.lr_scheduler_type == "constant":

@@ -52,7 +52,7 @@ class HFEngine:
                  *, autocast: Any = contextlib.nullcontext, share_prompt_prefix: bool = True,
                  head_block: int | None = None) -> None:
         self.model = model
-        self.eos_ids = sorted(set(int(e) for e in eos_ids))
+        self.eos_ids = sorted({int(e) for e in eos_ids})
         self.pad_id = int(pad_id)
         self.generator = generator
         self.autocast = autocast

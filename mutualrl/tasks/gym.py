@@ -83,5 +83,5 @@ class GymSource:
             self._scorer = self._make(0, 1)
         try:
             return float(self._scorer.score_answer(answer, problem.entry))
-        except Exception:  # a verifier crash on odd text is a failed answer, not a crashed run
+        except Exception:  # noqa: BLE001 -- a verifier crash on odd text is a failed answer, not a crashed run
             return 0.0
