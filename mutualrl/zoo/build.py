@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from mutualrl.paths import cache_root as _cache_root
 from mutualrl.quiet import quiet_transformers
@@ -141,22 +141,42 @@ def build_one(spec: ZooSpec, seed: int, task: Any, target: Path,
     return card
 
 
+def build_with_progress(spec: ZooSpec, seed: int, task: Any, target: Path, *, progress: bool = True,
+                        stream: IO[str] | None = None) -> dict[str, Any]:
+    """:func:`build_one` with a progress display (a bar on a terminal, plain lines otherwise) and a
+    closing line with where it landed; returns the card."""
+    from mutualrl.progress import Progress
+
+    with Progress(f"zoo {spec.name}", spec.sft_max_steps, enabled=progress, every=spec.sft_eval_every * 4,
+                  stream=stream) as bar:
+        def tick(step: int, loss: float, check: dict[str, Any] | None) -> None:
+            info = f"loss {loss:.3f}"
+            if check is not None:
+                bar.note = "val " + " ".join(f"{k} {v:.0%}" for k, v in check["val"].items())
+            bar.update(step + 1, info)
+
+        card = build_one(spec, seed, task, target, tick)
+        bar.finish(f"landed at step {card['sft_steps_done']}: greedy test "
+                   + ", ".join(f"{k} {v:.1%}" for k, v in card["accuracy_greedy"].items()))
+    return card
+
+
 def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str | os.PathLike[str] | None = None,
               progress: bool = True, specs: dict[str, ZooSpec] | None = None, task: Any | None = None,
-              threads: int | None = None) -> dict[str, Path]:
+              threads: int | None = None, jobs: int | None = None) -> dict[str, Path]:
     """Build (or load from the cache) zoo policies and return their model directories.
 
     ``names`` defaults to :data:`~mutualrl.zoo.specs.DEFAULT_NAMES`; ``specs`` overrides the table
     (tests use tiny variants, ``zoo build --task`` the user's mixtures); ``task`` defaults to the
-    zoo task. Each policy is trained in this process with ``threads`` torch threads (default 1:
-    the thread count changes floating-point rounding and with it where a tiny model's sudden skill
-    onset falls; the default builds are measured to land in their bands on one thread, and a
-    2-thread ``gpt2-add`` at seed 0 did not), deterministic in ``seed``, and written atomically
-    (temporary directory + rename).
+    zoo task. Each policy is trained with ``threads`` torch threads (default 1: the thread count
+    changes floating-point rounding and with it where a tiny model's sudden skill onset falls; the
+    default builds are measured to land in their bands on one thread), deterministic in ``seed``,
+    and written atomically (temporary directory + rename). On the zoo task, up to ``jobs`` policies
+    (default: one per core) build at once, each in its own process
+    (:mod:`mutualrl.zoo.parallel`), with the same weights as one after another in this process;
+    ``jobs=1``, or a ``task`` of the caller's, builds them here one after another.
     """
     import torch
-
-    from mutualrl.progress import Progress
 
     table = ZOO if specs is None else specs
     names = list(DEFAULT_NAMES if names is None else names)
@@ -165,22 +185,20 @@ def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str 
     todo = [n for n in names if not is_built(dirs[n])]
     if not todo:
         return dirs
+    n_jobs = min(len(todo), jobs if jobs is not None else max(1, (os.cpu_count() or 1) // (threads or 1)))
+    if task is None and n_jobs > 1:
+        from mutualrl.zoo.parallel import build_in_processes
+
+        for i in range(0, len(todo), n_jobs):
+            build_in_processes([(table[n], dirs[n]) for n in todo[i:i + n_jobs]], seed, threads=threads or 1,
+                               progress=progress)
+        return dirs
     build_task = task if task is not None else default_task(seed)
     before = torch.get_num_threads()
     torch.set_num_threads(threads or 1)
     try:
         for n in todo:
-            spec = table[n]
-            with Progress(f"zoo {n}", spec.sft_max_steps, enabled=progress, every=spec.sft_eval_every * 4) as bar:
-                def tick(step: int, loss: float, check: dict[str, Any] | None, _bar: Any = bar) -> None:
-                    info = f"loss {loss:.3f}"
-                    if check is not None:
-                        _bar.note = "val " + " ".join(f"{k} {v:.0%}" for k, v in check["val"].items())
-                    _bar.update(step + 1, info)
-
-                card = build_one(spec, seed, build_task, dirs[n], tick)
-                bar.finish(f"landed at step {card['sft_steps_done']}: greedy test "
-                           + ", ".join(f"{k} {v:.1%}" for k, v in card["accuracy_greedy"].items()))
+            build_with_progress(table[n], seed, build_task, dirs[n], progress=progress)
     finally:
         torch.set_num_threads(before)
     return dirs

@@ -73,16 +73,29 @@ def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec]]:
     return task, specs
 
 
+def _positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return n
+
+
 def _cmd_build(args: Any) -> int:
     t0 = time.perf_counter()
     if args.task:
         task, specs = task_specs(args.task)
         names = args.names or list(specs)
-        dirs = build_zoo(names, seed=args.seed, cache_dir=args.cache_dir, progress=True, specs=specs, task=task)
+        dirs = build_zoo(names, seed=args.seed, cache_dir=args.cache_dir, progress=True, specs=specs, task=task,
+                         jobs=args.jobs)
     else:
         if args.names:
             check_names(args.names)
-        dirs = build_zoo(args.names or None, seed=args.seed, cache_dir=args.cache_dir, progress=True)
+        dirs = build_zoo(args.names or None, seed=args.seed, cache_dir=args.cache_dir, progress=True, jobs=args.jobs)
     for name, path in dirs.items():
         card = load_card(path)
         acc = "  ".join(f"{k} {v:.1%}" for k, v in card["accuracy_greedy"].items())
@@ -129,5 +142,8 @@ def register(subparsers: Any) -> None:
             q.add_argument("--names", nargs="+", metavar="NAME",
                            help=f"policies to build (default: {' '.join(DEFAULT_NAMES)}; all: {' '.join(ZOO)})")
             q.add_argument("--task", metavar="CONFIG.yaml", help="build for your own task (see below)")
+            q.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
+                           help="policies built at once, one process and one torch thread each (default: one "
+                           "per core; the weights are the same as one after another; a --task build runs them one after another)")
         q.set_defaults(func=func)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
