@@ -76,7 +76,8 @@ def test_cache_hit_and_determinism(built, tmp_path):
     t0 = time.perf_counter()
     again = zoo.build_zoo(list(TINY), seed=0, cache_dir=cache, progress=False, specs=TINY)
     assert again == dirs and time.perf_counter() - t0 < 2.0
-    # same seed, fresh cache: identical weights; another seed: another folder and other weights
+    # same seed, fresh cache: identical weights (the fixture built the policies at once, one child
+    # process each; this builds one alone, in this process)
     one = {"gpt2-add": TINY["gpt2-add"]}
     same = zoo.build_zoo(["gpt2-add"], seed=0, cache_dir=tmp_path, progress=False, specs=one)
     card0 = zoo.load_card(dirs["gpt2-add"])
@@ -203,6 +204,22 @@ def test_a_build_that_misses_its_band_fails_and_writes_nothing(tmp_path, capsys)
     msg = str(exc.value)
     assert "did not land" in msg and "add" in msg and "99%" in msg and "10 SFT steps" in msg
     assert not any(p.name == "gpt2-add" for p in tmp_path.rglob("*"))  # nothing in the cache
+
+
+def test_policies_built_at_once_report_a_missed_band_and_write_only_what_landed(tmp_path):
+    from mutualrl.zoo.parallel import spec_from_dict
+    from mutualrl.zoo.sft import ZooBandError
+
+    missing = dataclasses.replace(TINY["gpt2-add"], sft_max_steps=10, sft_eval_every=5,
+                                  bands={"add": (0.99, 1.0), "sub": (0.0, 1.0)})
+    assert spec_from_dict(json.loads(json.dumps(missing.to_dict()))) == missing
+    specs = {"gpt2-add": missing, "llama-sub": TINY["llama-sub"]}
+    with pytest.raises(ZooBandError) as exc:
+        zoo.build_zoo(["gpt2-add", "llama-sub"], cache_dir=tmp_path, progress=False, specs=specs, jobs=2)
+    msg = str(exc.value)
+    assert "'gpt2-add' did not land" in msg and "99%" in msg and "10 SFT steps" in msg
+    assert not any(p.name == "gpt2-add" for p in tmp_path.rglob("*"))  # nothing of the miss
+    assert zoo.is_built(zoo.policy_dir("llama-sub", 0, tmp_path, specs["llama-sub"]))  # the other landed
 
 
 def test_zoo_build_for_a_user_task_file(tmp_path, monkeypatch):
