@@ -6,7 +6,7 @@ build seeds, each into a fresh cache.
 Per (policy, threads, build seed): SFT steps until landing, validation accuracy at landing, test
 greedy and sampled accuracy per skill, whether the test accuracy is inside the band, build seconds.
 Builds run one at a time. Writes ``benchmarks/results/zoo_bands.json`` (``--quick``: one policy,
-one configuration).
+one configuration; ``--name``: another result name).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from _common import git_rev, machine, write_result
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--name", default=None, help="result name (default zoo_bands / zoo_bands_quick)")
     ap.add_argument("--threads", default=None)
     ap.add_argument("--seeds", default=None)
     ap.add_argument("--policies", default=None)
@@ -49,7 +50,7 @@ def main() -> None:
     def write() -> None:  # after every build, so that an interrupted run keeps what it measured
         mach = machine()
         mach["load_avg"] = {"start": load0, "end": os.getloadavg()[0]}
-        write_result("zoo_bands" + ("_quick" if args.quick else ""), {
+        write_result(args.name or ("zoo_bands" + ("_quick" if args.quick else "")), {
             "builds": rows, "bands": {p: {k: list(v) for k, v in ZOO[p].bands.items()} for p in policies},
             "all_test_in_band": all(r["landed"] and all(r["test_in_band"].values()) for r in rows),
             "complete": len(rows) == len(policies) * len(configs),
