@@ -207,12 +207,11 @@ def test_a_build_that_misses_its_band_fails_and_writes_nothing(tmp_path, capsys)
 
 
 def test_policies_built_at_once_report_a_missed_band_and_write_only_what_landed(tmp_path):
-    from mutualrl.zoo.parallel import spec_from_dict
     from mutualrl.zoo.sft import ZooBandError
 
     missing = dataclasses.replace(TINY["gpt2-add"], sft_max_steps=10, sft_eval_every=5,
                                   bands={"add": (0.99, 1.0), "sub": (0.0, 1.0)})
-    assert spec_from_dict(json.loads(json.dumps(missing.to_dict()))) == missing
+    assert zoo.ZooSpec.from_dict(json.loads(json.dumps(missing.to_dict()))) == missing
     specs = {"gpt2-add": missing, "llama-sub": TINY["llama-sub"]}
     with pytest.raises(ZooBandError) as exc:
         zoo.build_zoo(["gpt2-add", "llama-sub"], cache_dir=tmp_path, progress=False, specs=specs, jobs=2)

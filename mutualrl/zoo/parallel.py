@@ -20,17 +20,9 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from mutualrl.zoo.specs import ZooSpec
-
-
-def spec_from_dict(d: dict[str, Any]) -> ZooSpec:
-    """The :class:`ZooSpec` of :meth:`ZooSpec.to_dict`'s output (bands back to tuples)."""
-    d = dict(d)
-    d["bands"] = {k: (float(v[0]), float(v[1])) for k, v in d["bands"].items()}
-    d["sft_mixture"] = {k: float(v) for k, v in d["sft_mixture"].items()}
-    return ZooSpec(**d)
 
 
 def _relay(src: IO[str], dst: IO[str], keep: list[str] | None) -> None:
@@ -103,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mutualrl.zoo.task import default_task
 
     torch.set_num_threads(args.threads)
-    spec = spec_from_dict(json.loads(args.spec))
+    spec = ZooSpec.from_dict(json.loads(args.spec))
     try:
         build_with_progress(spec, args.seed, default_task(args.seed), args.target, progress=not args.quiet,
                             stream=sys.stdout)

@@ -64,6 +64,12 @@ class ZooSpec:
         d["bands"] = {k: list(v) for k, v in self.bands.items()}
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ZooSpec:
+        """The spec :meth:`to_dict` gave ``d`` for (bands back to tuples)."""
+        return cls(**{**d, "bands": {k: (float(v[0]), float(v[1])) for k, v in d["bands"].items()},
+                      "sft_mixture": {k: float(v) for k, v in d["sft_mixture"].items()}})
+
     def cache_key(self, seed: int, task_key: str = "") -> str:
         """Hash of (spec, seed, task, :data:`ZOO_VERSION`) naming the cache folder."""
         payload = json.dumps({"spec": self.to_dict(), "seed": seed, "version": ZOO_VERSION, "task": task_key},
