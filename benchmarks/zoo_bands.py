@@ -75,11 +75,11 @@ def main() -> None:
             bands = ZOO[pol].bands
             test = card["accuracy_greedy"]
             row = {"policy": pol, "threads": th, "build_seed": seed, "landed": True,
-                   "sft_steps": card["sft_steps_done"], "sft_rollbacks": len(card.get("sft_rollbacks", [])),
+                   "sft_steps": card["sft_steps_done"], "sft_steering_checks": len(card.get("sft_steering", [])),
                    "val_at_landing": card["landed_val_accuracy"], "test_greedy": test,
                    "test_sampled_t1": card["accuracy_sampled_t1"],
                    "test_in_band": {k: bands[k][0] <= v <= bands[k][1] for k, v in test.items()},
-                   "build_s": wall}
+                   "weights_sha256": card["weights_sha256"], "build_s": wall}
             rows.append(row)
             print(f"{pol:<10} threads {th} seed {seed}: {row['sft_steps']:>5} steps, test "
                   + ", ".join(f"{k} {v:.1%}{'' if row['test_in_band'][k] else ' (OUT)'}" for k, v in test.items())

@@ -167,31 +167,58 @@ def _scripted_sft(monkeypatch, script):
 def test_one_check_above_the_band_is_a_swing_and_training_goes_on(monkeypatch):
     res, _, _ = _scripted_sft(monkeypatch, [{"add": 0.10, "sub": 0.02}, {"add": 0.60, "sub": 0.02},
                                             {"add": 0.40, "sub": 0.08}])
-    assert res.landed and not res.rollbacks and len(res.losses) == 30 and res.mixture == {"add": 0.8, "sub": 0.2}
+    assert res.landed and not res.steering and len(res.losses) == 30 and res.mixture == {"add": 0.8, "sub": 0.2}
 
 
-def test_an_overshoot_rolls_back_and_the_warm_start_lands(monkeypatch):
-    """Two checks in a row above the band go back to the last check with nothing above, at half
-    the learning rate, checking twice as often, with more of the mixture for the skill behind."""
+def test_an_overshoot_steers_the_mixture_and_the_warm_start_lands(monkeypatch):
+    """Two checks in a row above the band start steering: checks every STEER_EVERY steps, the
+    share of a type above its band halved, of one below it 1.5x, never under MIN_SHARE; a check
+    with every type inside lands."""
+    from mutualrl.zoo.sft import MIN_SHARE, STEER_EVERY
+
+    assert STEER_EVERY == 10  # the scripted spec checks every 10 steps already; steering keeps that
+    script = [{"add": 0.10, "sub": 0.02},   # step 10: below: plain SFT
+              {"add": 0.60, "sub": 0.02},   # step 20: above (could be a swing)
+              {"add": 0.65, "sub": 0.02},   # step 30: above again: steer
+              {"add": 0.70, "sub": 0.03},   # step 40: still above: steer again
+              {"add": 0.40, "sub": 0.03},   # step 50: add inside, sub below: feed sub
+              {"add": 0.40, "sub": 0.08}]   # step 60: in band
+    res, _, _ = _scripted_sft(monkeypatch, script)
+    assert res.landed and len(res.losses) == 60 and [h["step"] for h in res.history] == [10, 20, 30, 40, 50, 60]
+    assert [(s["step"], s["above"], s["below"]) for s in res.steering] == [
+        (30, ["add"], ["sub"]), (40, ["add"], ["sub"]), (50, [], ["sub"])]
+    m1 = {"add": 0.4 / 0.7, "sub": 0.3 / 0.7}   # add 0.8 x 0.5, sub 0.2 x 1.5, renormalised
+    assert all(abs(res.steering[0]["mixture"][k] - v) < 1e-9 for k, v in m1.items())
+    m2 = {"add": m1["add"] * 0.5, "sub": m1["sub"] * 1.5}
+    m2 = {k: v / sum(m2.values()) for k, v in m2.items()}   # sub 0.69
+    m3 = {"add": m2["add"], "sub": m2["sub"] * 1.5}         # add waits inside its band: unchanged weight
+    m3 = {k: v / sum(m3.values()) for k, v in m3.items()}   # sub 0.77
+    for got, want in zip(res.steering[1:], (m2, m3), strict=True):
+        assert all(abs(got["mixture"][k] - v) < 1e-9 for k, v in want.items())
+    assert min(res.mixture.values()) >= MIN_SHARE
+    assert res.mixture == res.steering[-1]["mixture"] and abs(sum(res.mixture.values()) - 1) < 1e-12
+
+
+def test_steering_never_takes_a_type_out(monkeypatch):
+    """However long a type stays above its band, it keeps MIN_SHARE of the mixture."""
+    from mutualrl.zoo.sft import MIN_SHARE
+
+    res, _, _ = _scripted_sft(monkeypatch, [{"add": 0.9, "sub": 0.02}] * 6)
+    assert not res.landed and len(res.steering) == 5
+    assert abs(res.mixture["add"] - MIN_SHARE) < 1e-9 and abs(sum(res.mixture.values()) - 1) < 1e-12
+
+
+def test_a_warm_start_that_never_overshoots_twice_is_the_plain_one(monkeypatch):
+    """Steering changes nothing until two checks in a row are above: the same weights as SFT
+    whose checks all pass through."""
     import torch
 
-    res, seen, model = _scripted_sft(monkeypatch, [
-        {"add": 0.10, "sub": 0.02},   # step 10: below, safe
-        {"add": 0.60, "sub": 0.02},   # step 20: above (could be a swing)
-        {"add": 0.65, "sub": 0.02},   # step 30: above again: back to position 10
-        {"add": 0.40, "sub": 0.02},   # position 15 (checks every 5 now): sub waits for add, is fed
-        {"add": 0.40, "sub": 0.08}])  # position 20: in band
-    assert res.landed and len(res.losses) == 40  # every step trained counts, rolled-back ones too
-    assert [h["position"] for h in res.history] == [10, 20, 30, 15, 20]
-    assert [h["step"] for h in res.history] == [10, 20, 30, 35, 40]
-    (rb,) = res.rollbacks
-    assert (rb["from_position"], rb["to_position"], rb["lr_scale"], rb["eval_every"]) == (30, 10, 0.5, 5)
-    assert abs(rb["mixture"]["sub"] - 0.3 / 1.1) < 1e-9  # sub was below its band: 0.2 x 1.5, renormalised
-    steered = 1.25 * 0.3 / 1.1
-    assert abs(res.mixture["sub"] - steered / (steered + 0.8 / 1.1)) < 1e-9  # then 1.25x while add waited
-    assert all(torch.equal(seen[30][k], seen[10][k]) for k in seen[10])  # the weights of position 10, exactly
-    assert not all(torch.equal(seen[20][k], seen[10][k]) for k in seen[10])
-    assert not all(torch.equal(model.state_dict()[k], seen[10][k]) for k in seen[10])  # and trained on from there
+    script = [{"add": 0.10, "sub": 0.02}, {"add": 0.60, "sub": 0.02}, {"add": 0.20, "sub": 0.02},
+              {"add": 0.40, "sub": 0.08}]
+    res, _, model = _scripted_sft(monkeypatch, script)
+    res2, _, model2 = _scripted_sft(monkeypatch, [{"add": 0.10, "sub": 0.02}] * 3 + [{"add": 0.40, "sub": 0.08}])
+    assert res.landed and res2.landed and not res.steering and len(res.losses) == len(res2.losses) == 40
+    assert all(torch.equal(v, model2.state_dict()[k]) for k, v in model.state_dict().items())
 
 
 def test_a_build_that_misses_its_band_fails_and_writes_nothing(tmp_path, capsys):
@@ -244,3 +271,13 @@ def test_zoo_build_for_a_user_task_file(tmp_path, monkeypatch):
     path.write_text(yaml.safe_dump(bad))
     with pytest.raises(UserError, match="div"):
         task_specs(path)
+
+
+def test_steer_keeps_a_floor_for_many_types():
+    from mutualrl.zoo.sft import MIN_SHARE, _steer
+
+    mix = {f"t{i}": 1 / 30 for i in range(30)}
+    out = _steer(mix, above=["t0", "t1"], below=[])
+    assert abs(sum(out.values()) - 1) < 1e-12 and min(out.values()) >= min(MIN_SHARE, 0.5 / 30) - 1e-15
+    out = _steer({"a": 0.9, "b": 0.06, "c": 0.04}, above=["a"], below=[])
+    assert abs(sum(out.values()) - 1) < 1e-12 and min(out.values()) >= MIN_SHARE - 1e-15

@@ -8,14 +8,15 @@ band, with a margin.
 
 A tiny model learns a skill like carrying in a sudden jump, whose timing moves with anything
 that changes floating-point rounding (the number of torch threads, above all): between two
-checks it can jump over its whole band. So the warm start is steered, not just stopped: the
-state at every check where no type is above its band is kept, and a second check in a row that
-finds a type above its band rolls back to that state and goes on at half the learning rate with
-checks twice as often, giving 1.5x the mixture share to a type still below its band; from then on, a check
-where one type is inside its band while another is below gives the one behind 1.25x its share
-(the mixture always keeps every type: taking one out makes a tiny model forget it within a few
-dozen steps). Each rollback is recorded. A warm start that never goes above its band is exactly
-the plain one. Deterministic in the seed and the thread count.
+checks it can jump over its whole band while another skill is still below its own. So the warm
+start is steered by its mixture, not just stopped: once two checks in a row find a type above
+its band (one check above is often a swing the next one undoes), checks come every
+:data:`STEER_EVERY` steps and each one that finds a type outside its band halves the share of
+every type above it and gives 1.5x to every type below it (renormalised, no type under
+:data:`MIN_SHARE`: taking a type out makes a tiny model forget it within a few dozen steps). A
+skill fed less is forgotten quickly, one fed more grows, so the two meet inside their bands.
+Each steering check is recorded. A warm start that never goes above its band twice in a row is
+exactly the plain one. Deterministic in the seed and the thread count.
 """
 
 from __future__ import annotations
@@ -38,13 +39,13 @@ class SFTResult:
 
     losses: list[float] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
-    """One entry per check: ``step`` (steps trained so far), ``position`` (in the rolled-back run)
-    and validation accuracy per type (``val``)."""
+    """One entry per check: ``step`` (steps trained so far) and validation accuracy per type (``val``)."""
     landed: bool = False
-    rollbacks: list[dict[str, Any]] = field(default_factory=list)
-    """One entry per overshoot rolled back: where, to where, and the settings it continued with."""
+    steering: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per check that shifted the mixture: ``step``, ``val``, the types ``above`` and
+    ``below`` their band, and the ``mixture`` trained on from there."""
     mixture: dict[str, float] = field(default_factory=dict)
-    """The skill mixture at the end (the spec's, unless a rollback shifted it)."""
+    """The skill mixture at the end (the spec's, unless steering shifted it)."""
 
     @property
     def val_accuracy(self) -> dict[str, float]:
@@ -84,8 +85,10 @@ def in_band(spec: ZooSpec, acc: dict[str, float], margin: float = 0.0) -> bool:
                for k, (lo, hi) in spec.bands.items())
 
 
-MAX_ROLLBACKS = 8
-"""Overshoots a warm start may roll back before it fails."""
+STEER_EVERY = 10
+"""Steps between validation checks once the warm start is steered."""
+MIN_SHARE = 0.05
+"""The smallest mixture share steering leaves a type."""
 
 
 def _band_state(spec: ZooSpec, acc: dict[str, float]) -> tuple[list[str], list[str], list[str]]:
@@ -103,11 +106,20 @@ def _band_state(spec: ZooSpec, acc: dict[str, float]) -> tuple[list[str], list[s
     return above, below, inside
 
 
-def _shift(mixture: dict[str, float], lagging: list[str], factor: float) -> dict[str, float]:
-    """``mixture`` with the ``lagging`` types' shares multiplied by ``factor``, renormalised."""
-    out = {k: v * (factor if k in lagging else 1.0) for k, v in mixture.items()}
-    total = sum(out.values())
-    return {k: v / total for k, v in out.items()}
+def _steer(mixture: dict[str, float], above: list[str], below: list[str]) -> dict[str, float]:
+    """``mixture`` with the shares of the types ``above`` their band halved and of those ``below``
+    it multiplied by 1.5, renormalised, every share at least :data:`MIN_SHARE` (or half an even
+    share, with more than ten types)."""
+    floor = min(MIN_SHARE, 0.5 / len(mixture))
+    out = {k: v * (0.5 if k in above else 1.5 if k in below else 1.0) for k, v in mixture.items()}
+    floored: set[str] = set()
+    while True:  # types under the floor get it; the others share the rest in proportion
+        free = sum(v for k, v in out.items() if k not in floored)
+        rest = 1.0 - floor * len(floored)
+        low = {k for k, v in out.items() if k not in floored and v / free * rest < floor}
+        if not low:
+            return {k: floor if k in floored else v / free * rest for k, v in out.items()}
+        floored |= low
 
 
 def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
@@ -115,11 +127,8 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
     """Warm-start ``model`` on ``task``'s training problems until :func:`in_band` (or the cap).
 
     ``on_step(step, loss, check)`` is called after every step (``check`` is the history entry when
-    the step ended with a validation check, else None). ``spec.sft_max_steps`` caps every step
-    trained, rolled-back ones included.
+    the step ended with a validation check, else None). ``spec.sft_max_steps`` caps the steps.
     """
-    import copy
-
     import torch
     import torch.nn.functional as F
 
@@ -133,19 +142,12 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
     mixture = {k: float(spec.sft_mixture[k]) for k in types}
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=spec.weight_decay)
-    lr_scale, every, pos = 1.0, spec.sft_eval_every, 0  # pos: the position in the (rolled-back) run
-    was_above = False
-
-    def snapshot() -> dict[str, Any]:
-        return {"model": copy.deepcopy(model.state_dict()), "opt": copy.deepcopy(opt.state_dict()),
-                "gen": gen.get_state(), "pos": pos}
-
-    safe = snapshot()
+    every, was_above, steering = spec.sft_eval_every, False, False
     res = SFTResult()
     model.train()
     for step in range(spec.sft_max_steps):
         for group in opt.param_groups:
-            group["lr"] = spec.lr * lr_scale * min(1.0, (pos + 1) / max(1, spec.warmup_steps))
+            group["lr"] = spec.lr * min(1.0, (step + 1) / max(1, spec.warmup_steps))
         w = torch.tensor([mixture[k] for k in types], dtype=torch.float)
         kinds = torch.multinomial(w, spec.batch, replacement=True, generator=gen).tolist()
         batch = []
@@ -160,42 +162,28 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        pos += 1
         res.losses.append(float(loss.detach()))
         check = None
-        if pos % every == 0:
+        if (step + 1) % every == 0:
             acc = accuracy(model, tokenizer, task, val)
             model.train()
-            check = {"step": step + 1, "position": pos, "val": acc}
+            check = {"step": step + 1, "val": acc}
             res.history.append(check)
             # stop with a margin: the first check past an edge flatters the model (a lucky swing of a
             # tiny model at a constant learning rate, plus validation noise), the test split regresses
             res.landed = in_band(spec, acc, spec.band_margin)
-            above, below, inside = _band_state(spec, acc)
+            above, below, _ = _band_state(spec, acc)
             # above at two checks in a row: a jump over the band (one check above is often a swing
             # that the next check undoes, and training on through it is what lands most builds)
             over, was_above = bool(above) and was_above, bool(above)
-            if res.landed:
-                pass
-            elif over and len(res.rollbacks) >= MAX_ROLLBACKS:
-                break  # it keeps jumping over the band: fail now rather than at the cap
-            elif over:
-                was_above = False
-                lr_scale, every = lr_scale / 2, max(5, every // 2)
-                mixture = _shift(mixture, below, 1.5)  # a type still behind gets more of the batches
-                res.rollbacks.append({"step": step + 1, "from_position": pos, "to_position": safe["pos"],
-                                      "val": acc, "lr_scale": lr_scale, "eval_every": every,
-                                      "mixture": dict(mixture)})
-                model.load_state_dict(safe["model"])
-                opt.load_state_dict(safe["opt"])
-                gen.set_state(safe["gen"])
-                pos = safe["pos"]
-                check["rolled_back"] = True
-            elif not above:
-                if res.rollbacks and below and inside:  # steering after an overshoot: one type waits
-                    mixture = _shift(mixture, below, 1.25)  # for another: feed the one behind
+            if not res.landed and (steering or over):
+                if not steering:
+                    steering, every = True, min(every, STEER_EVERY)
+                if above or below:
+                    mixture = _steer(mixture, above, below)
+                    res.steering.append({"step": step + 1, "val": acc, "above": above, "below": below,
+                                         "mixture": dict(mixture)})
                     check["mixture"] = dict(mixture)
-                safe = snapshot()
         if on_step is not None:
             on_step(step, res.losses[-1], check)
         if res.landed:
@@ -214,6 +202,6 @@ def band_failure(spec: ZooSpec, res: SFTResult) -> ZooBandError:
     got = ", ".join(f"{k} {res.val_accuracy.get(k, 0):.1%} (band {lo:.0%}-{hi:.0%})"
                     for k, (lo, hi) in spec.bands.items())
     return ZooBandError(f"zoo policy {spec.name!r} did not land in its band after {len(res.losses)} SFT steps "
-                        f"(sft_max_steps, {len(res.rollbacks)} overshoots rolled back): validation accuracy "
+                        f"(sft_max_steps, {len(res.steering)} steering checks): validation accuracy "
                         f"{got}. Raise sft_max_steps, widen the bands or change the mixture; nothing was "
                         f"written to the cache")

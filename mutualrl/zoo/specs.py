@@ -11,7 +11,7 @@ from typing import Any
 
 from mutualrl.errors import UserError
 
-ZOO_VERSION = "5"
+ZOO_VERSION = "6"
 """Bump when anything that changes a built policy changes (code, task, tokenizers)."""
 
 ARCHS: tuple[str, ...] = ("gpt2", "llama", "gpt_neox", "qwen2")
