@@ -187,3 +187,60 @@ def test_decode_mask_4d_not_used_where_it_is_not_the_same_mask(tiny_models) -> N
         assert eng.mask_4d is None  # never checked, never used
     finally:
         pol.model.config._attn_implementation = "sdpa"
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_packed_linears_sample_what_the_plain_layers_sample(tiny_models, name) -> None:
+    """Sampling through oneDNN-prepacked weights (GPT-2's Conv1D and Llama's Linear layers, the
+    LM head too) draws the same tokens, with log-probs equal to float rounding, greedy and sampled;
+    the layers' own forward is back afterwards and training is untouched."""
+    from mutualrl.engines import HFEngine, SamplingParams
+    from mutualrl.engines.packed import packable_linears, packed_linears, packing_available
+
+    if not packing_available():
+        pytest.skip("this torch build has no oneDNN prepacked linear")
+    pol = _policy(tiny_models[name])
+    layers = packable_linears(pol.model)
+    assert len(layers) >= 4  # the blocks' projections and the head
+    prompts = [pol.encode_prompt(q) for q in ["What is 12 + 34?", "5 - 3?", "What is 99 + 1 + 1?"]]
+    out = {}
+    for packed in (False, True):
+        eng = HFEngine(pol.model, pol.eos_ids, pol.pad_id, torch.Generator().manual_seed(3), head_block=7,
+                       pack_linears=packed)
+        for greedy in (False, True):
+            out[(packed, greedy)] = eng.generate(prompts, 3, SamplingParams(max_new_tokens=6, greedy=greedy))
+        assert eng.packed is packed
+    for greedy in (False, True):
+        a, b = out[(False, greedy)], out[(True, greedy)]
+        assert a.ids == b.ids and a.finished == b.finished
+        for x, y in zip(a.logprobs, b.logprobs, strict=True):
+            assert torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-5)
+    assert all("forward" not in vars(m) for m in layers)  # the layers' own forward again
+    x = torch.randn(2, 5, pol.model.config.hidden_size)
+    with torch.no_grad(), packed_linears(pol.model, 2) as n:
+        inside = [m(x) if type(m) is torch.nn.Linear and m.in_features == x.shape[-1] else None for m in layers]
+    assert n == len(layers)
+    for m, y in zip(layers, inside, strict=True):
+        if y is not None:
+            assert torch.allclose(y, m(x), atol=1e-5, rtol=1e-5)
+
+
+def test_packed_linears_fall_back_when_they_do_not_match(tiny_models, monkeypatch) -> None:
+    """A packed forward whose logits differ from the model's own is found on the first call and
+    the engine keeps the plain layers (what it samples is the plain engine's)."""
+    import mutualrl.engines.packed as packed_mod
+    from mutualrl.engines import HFEngine, SamplingParams
+
+    if not packed_mod.packing_available():
+        pytest.skip("this torch build has no oneDNN prepacked linear")
+    pol = _policy(tiny_models["tiny-llama"])
+    call = packed_mod._Packed.__call__
+    monkeypatch.setattr(packed_mod._Packed, "__call__", lambda self, x: call(self, x) * 1.01)
+    prompts = [pol.encode_prompt("What is 12 + 34?")]
+    res = {}
+    for packed in (False, True):
+        eng = HFEngine(pol.model, pol.eos_ids, pol.pad_id, torch.Generator().manual_seed(3), pack_linears=packed)
+        res[packed] = eng.generate(prompts, 4, SamplingParams(max_new_tokens=5))
+        assert eng.packed is False
+    assert res[False].ids == res[True].ids and res[False].logprobs == res[True].logprobs
+    assert Policy("q", str(tiny_models["tiny-llama"]), GRPOOptions()).engine.packed is None  # on by default on CPU

@@ -9,6 +9,9 @@ first call has checked that this reproduces the model's own logits. Decoding ste
 mask as the 4D boolean mask SDPA takes, which transformers uses as it is instead of building one
 from the 2D mask at every step (the zoo's 32-token sampling ~15 % faster), where that is the same
 mask: SDPA attention, no sliding window shorter than the sequence; the first call checks it too.
+With ``pack_linears`` (the policy sets it on CPU in fp32) each sampling call runs through linear
+layers prepacked for oneDNN (:mod:`mutualrl.engines.packed`), the LM head included, once the first
+call has checked that they give the model's own logits.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from mutualrl.engines.base import (
     unwrap_peft,
 )
 from mutualrl.engines.head import blockable, blocked_logits, decoder_and_head
+from mutualrl.engines.packed import packable_linears, packed_linears, packing_available
 
 
 class HFEngine:
@@ -46,11 +50,13 @@ class HFEngine:
         head_block: compute the LM head in blocks of this many vocabulary rows (``None``: the
             model's own forward). Used only when the head is a plain linear layer and, checked on
             the first call, the decoder plus the blocked head give the model's logits.
+        pack_linears: sample through oneDNN-prepacked linear weights (fp32 CPU; see
+            :mod:`mutualrl.engines.packed`), where the first call finds they give the model's logits.
     """
 
     def __init__(self, model: torch.nn.Module, eos_ids: Iterable[int], pad_id: int, generator: torch.Generator,
                  *, autocast: Any = contextlib.nullcontext, share_prompt_prefix: bool = True,
-                 head_block: int | None = None) -> None:
+                 head_block: int | None = None, pack_linears: bool = False) -> None:
         self.model = model
         self.eos_ids = sorted({int(e) for e in eos_ids})
         self.pad_id = int(pad_id)
@@ -65,6 +71,10 @@ class HFEngine:
         """(decoder, LM head), taken by that check."""
         self.mask_4d: bool | None = None
         """Whether decoding steps pass a 4D padding mask: ``None`` until the first call has checked it."""
+        self.packed: bool | None = None if pack_linears else False
+        """Whether sampling runs through prepacked linear weights: ``None`` until the first call has
+        checked it."""
+        self._packing = False
 
     def _mask_4d_applies(self, length: int) -> bool:
         """Whether a 4D boolean padding mask of ``length`` positions is the mask the model would build:
@@ -94,7 +104,7 @@ class HFEngine:
                  buf: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
         """Logits of the last position (``[B, V]``, fp32) and the cache after one forward."""
         kw = {self._cache_kw: past} if past is not None else {}
-        if self.blocked_head:
+        if self.blocked_head and not self._packing:  # a packed head is faster than the blocked one
             decoder, head = self._parts
             with self.autocast():
                 out = decoder(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kw)
@@ -106,6 +116,21 @@ class HFEngine:
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                              logits_to_keep=1, **kw)
         return out.logits[:, -1].float(), getattr(out, self._cache_kw)
+
+    def _check_packed(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> bool:
+        """Whether the model's last-position logits of one prefill are the same (to float rounding)
+        through prepacked linear layers as through its own."""
+        if not packing_available() or not packable_linears(self.model):
+            return False
+        kw = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "use_cache": False, "logits_to_keep": 1}
+        try:
+            with self.autocast():
+                plain = self.model(**kw).logits[:, -1].float()
+                with packed_linears(self.model, ids.shape[0]):
+                    mine = self.model(**kw).logits[:, -1].float()
+        except (TypeError, AttributeError, RuntimeError, NotImplementedError):
+            return False
+        return bool(torch.allclose(mine, plain, rtol=1e-4, atol=1e-4))
 
     def _softcap(self) -> float | None:
         return getattr(getattr(self.model, "config", None), "final_logit_softcapping", None)
@@ -143,10 +168,29 @@ class HFEngine:
 
     @torch.inference_mode()
     def _sample(self, prompt_ids: list[Sequence[int]], params: SamplingParams) -> Generation:
-        model, dev = self.model, self.device
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            if self.packed is not False:
+                rows = len(prompt_ids)
+                if self.packed is None:
+                    ids, mask = left_pad([list(p) for p in prompt_ids[:1]], self.pad_id, self.device)
+                    self.packed = self._check_packed(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+                if self.packed:
+                    with packed_linears(self.model, rows):
+                        self._packing = True
+                        try:
+                            return self._sample_loop(prompt_ids, params)
+                        finally:
+                            self._packing = False
+            return self._sample_loop(prompt_ids, params)
+        finally:
+            if was_training:
+                self.model.train()
+
+    def _sample_loop(self, prompt_ids: list[Sequence[int]], params: SamplingParams) -> Generation:
+        dev = self.device
         max_new = params.max_new_tokens
-        was_training = model.training
-        model.eval()
         if self.share_prompt_prefix:
             uniq, inv = dedupe_prompts(prompt_ids)
         else:
@@ -164,7 +208,7 @@ class HFEngine:
         if self.blocked_head is None:
             self._check_blocked_head(ids, mask_full[:, :width], pos, logits)
         buf = None
-        if self.blocked_head:
+        if self.blocked_head and not self._packing:
             weight = self._parts[1].weight
             buf = torch.empty((b, weight.shape[0]), dtype=weight.dtype, device=dev)
         if len(uniq) < b:  # each distinct prompt was prefilled once: index its cache out to its rows
@@ -194,8 +238,6 @@ class HFEngine:
             else:
                 m = mask4[..., :kv] if mask4 is not None and self.mask_4d else mask_full[:, :kv]
                 logits, past = self._forward(step_ids, m, pos, past, buf)
-        if was_training:
-            model.train()
         toks = out_tok[:, :steps].tolist()
         lps = out_lp[:, :steps].tolist()
         lens = lengths.tolist()
