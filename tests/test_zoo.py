@@ -147,7 +147,7 @@ def _scripted_sft(monkeypatch, script):
     from mutualrl.zoo.sft import sft
     from mutualrl.zoo.tokenizers import train_tokenizer
 
-    spec = dataclasses.replace(TINY["gpt2-add"], sft_eval_every=10, sft_max_steps=60,
+    spec = dataclasses.replace(TINY["gpt2-add"], sft_eval_every=10, sft_max_steps=10 * max(6, len(script)),
                                bands={"add": (0.3, 0.5), "sub": (0.03, 0.15)}, band_margin=0.15)
     it = iter(script)
     monkeypatch.setattr(ev, "accuracy", lambda *a, **k: dict(next(it)))
@@ -172,8 +172,8 @@ def test_one_check_above_the_band_is_a_swing_and_training_goes_on(monkeypatch):
 
 def test_an_overshoot_steers_the_mixture_and_the_warm_start_lands(monkeypatch):
     """Two checks in a row above the band start steering: checks every STEER_EVERY steps, the
-    share of a type above its band halved, of one below it 1.5x, never under MIN_SHARE; a check
-    with every type inside lands."""
+    share of a type above its band halved, of one below it 1.5x, never under MIN_SHARE; two checks
+    in a row with every type inside land."""
     from mutualrl.zoo.sft import MIN_SHARE, STEER_EVERY
 
     assert STEER_EVERY == 10  # the scripted spec checks every 10 steps already; steering keeps that
@@ -182,9 +182,11 @@ def test_an_overshoot_steers_the_mixture_and_the_warm_start_lands(monkeypatch):
               {"add": 0.65, "sub": 0.02},   # step 30: above again: steer
               {"add": 0.70, "sub": 0.03},   # step 40: still above: steer again
               {"add": 0.40, "sub": 0.03},   # step 50: add inside, sub below: feed sub
-              {"add": 0.40, "sub": 0.08}]   # step 60: in band
+              {"add": 0.40, "sub": 0.08},   # step 60: in band, once: a steered model may be passing through
+              {"add": 0.46, "sub": 0.07}]   # step 70: in band again: lands
     res, _, _ = _scripted_sft(monkeypatch, script)
-    assert res.landed and len(res.losses) == 60 and [h["step"] for h in res.history] == [10, 20, 30, 40, 50, 60]
+    assert res.landed and len(res.losses) == 70
+    assert [h["step"] for h in res.history] == [10, 20, 30, 40, 50, 60, 70]
     assert [(s["step"], s["above"], s["below"]) for s in res.steering] == [
         (30, ["add"], ["sub"]), (40, ["add"], ["sub"]), (50, [], ["sub"])]
     m1 = {"add": 0.4 / 0.7, "sub": 0.3 / 0.7}   # add 0.8 x 0.5, sub 0.2 x 1.5, renormalised
@@ -281,3 +283,13 @@ def test_steer_keeps_a_floor_for_many_types():
     assert abs(sum(out.values()) - 1) < 1e-12 and min(out.values()) >= min(MIN_SHARE, 0.5 / 30) - 1e-15
     out = _steer({"a": 0.9, "b": 0.06, "c": 0.04}, above=["a"], below=[])
     assert abs(sum(out.values()) - 1) < 1e-12 and min(out.values()) >= MIN_SHARE - 1e-15
+
+
+def test_a_steered_type_in_its_top_margin_is_fed_less(monkeypatch):
+    """Once steering, a type inside its band but above the margin edge (add 48 %: band 30-50 %,
+    landing needs 33-47 %) counts as high: its share is halved."""
+    res, _, _ = _scripted_sft(monkeypatch, [{"add": 0.6, "sub": 0.05}, {"add": 0.6, "sub": 0.05},
+                                            {"add": 0.48, "sub": 0.06}, {"add": 0.40, "sub": 0.06},
+                                            {"add": 0.40, "sub": 0.06}, {"add": 0.40, "sub": 0.06}])
+    assert [(s["step"], s["above"], s["below"]) for s in res.steering] == [(20, ["add"], []), (30, ["add"], [])]
+    assert res.landed and len(res.losses) == 50

@@ -11,11 +11,12 @@ that changes floating-point rounding (the number of torch threads, above all): b
 checks it can jump over its whole band while another skill is still below its own. So the warm
 start is steered by its mixture, not just stopped: once two checks in a row find a type above
 its band (one check above is often a swing the next one undoes), checks come every
-:data:`STEER_EVERY` steps and each one that finds a type outside its band halves the share of
-every type above it and gives 1.5x to every type below it (renormalised, no type under
+:data:`STEER_EVERY` steps and each one that finds a type outside its band (with the margin)
+halves the share of every type above it and gives 1.5x to every type below it (renormalised, no type under
 :data:`MIN_SHARE`: taking a type out makes a tiny model forget it within a few dozen steps). A
-skill fed less is forgotten quickly, one fed more grows, so the two meet inside their bands.
-Each steering check is recorded. A warm start that never goes above its band twice in a row is
+skill fed less is forgotten quickly, one fed more grows, so the two meet inside their bands; a
+steered warm start lands at the second check in a row with every type inside (one check can
+catch a skill on its way through). Each steering check is recorded. A warm start that never goes above its band twice in a row is
 exactly the plain one. Deterministic in the seed and the thread count.
 """
 
@@ -142,7 +143,7 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
     mixture = {k: float(spec.sft_mixture[k]) for k in types}
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=spec.weight_decay)
-    every, was_above, steering = spec.sft_eval_every, False, False
+    every, was_above, was_inside, steering = spec.sft_eval_every, False, False, False
     res = SFTResult()
     model.train()
     for step in range(spec.sft_max_steps):
@@ -171,17 +172,22 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
             res.history.append(check)
             # stop with a margin: the first check past an edge flatters the model (a lucky swing of a
             # tiny model at a constant learning rate, plus validation noise), the test split regresses
-            res.landed = in_band(spec, acc, spec.band_margin)
+            # a steered model moves fast (a skill fed less is forgotten within a few checks): it lands
+            # only at the second check in a row inside the band
+            inside_now = in_band(spec, acc, spec.band_margin)
+            res.landed, was_inside = inside_now and (not steering or was_inside), inside_now
             above, below, _ = _band_state(spec, acc)
             # above at two checks in a row: a jump over the band (one check above is often a swing
             # that the next check undoes, and training on through it is what lands most builds)
             over, was_above = bool(above) and was_above, bool(above)
-            if not res.landed and (steering or over):
+            if not inside_now and (steering or over):
                 if not steering:
                     steering, every = True, min(every, STEER_EVERY)
-                if above or below:
-                    mixture = _steer(mixture, above, below)
-                    res.steering.append({"step": step + 1, "val": acc, "above": above, "below": below,
+                high = [k for k, (lo, hi) in spec.bands.items()
+                        if acc.get(k, 0.0) > hi - spec.band_margin * (hi - lo)]  # above its margin edge
+                if high or below:
+                    mixture = _steer(mixture, high, below)
+                    res.steering.append({"step": step + 1, "val": acc, "above": high, "below": below,
                                          "mixture": dict(mixture)})
                     check["mixture"] = dict(mixture)
         if on_step is not None:
