@@ -96,21 +96,6 @@ STEER_MARGIN = 0.25
 its validation figure says less about its test one (30-50 %: 35-45 %)."""
 
 
-def _band_state(spec: ZooSpec, acc: dict[str, float]) -> tuple[list[str], list[str], list[str]]:
-    """(types above their band, types below its lower margin edge, types inside with the margin)."""
-    above, below, inside = [], [], []
-    for k, (lo, hi) in spec.bands.items():
-        m = spec.band_margin * (hi - lo)
-        v = acc.get(k, 0.0)
-        if v > hi:
-            above.append(k)
-        elif v < lo + m:
-            below.append(k)
-        elif v <= hi - m:
-            inside.append(k)
-    return above, below, inside
-
-
 def _steer(mixture: dict[str, float], above: list[str], below: list[str]) -> dict[str, float]:
     """``mixture`` with the shares of the types ``above`` their band halved and of those ``below``
     it multiplied by 1.5, renormalised, every share at least :data:`MIN_SHARE` (or half an even
@@ -181,7 +166,7 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
             margin = max(spec.band_margin, STEER_MARGIN) if steering else spec.band_margin
             inside_now = in_band(spec, acc, margin)
             res.landed, was_inside = inside_now and (not steering or was_inside), inside_now
-            above, below, _ = _band_state(spec, acc)
+            above = [k for k, (_, hi) in spec.bands.items() if acc.get(k, 0.0) > hi]
             # above at two checks in a row: a jump over the band (one check above is often a swing
             # that the next check undoes, and training on through it is what lands most builds)
             over, was_above = bool(above) and was_above, bool(above)
