@@ -171,20 +171,14 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            if self.packed is not False:
-                rows = len(prompt_ids)
-                if self.packed is None:
-                    ids, mask = left_pad([list(p) for p in prompt_ids[:1]], self.pad_id, self.device)
-                    self.packed = self._check_packed(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
-                if self.packed:
-                    with packed_linears(self.model, rows):
-                        self._packing = True
-                        try:
-                            return self._sample_loop(prompt_ids, params)
-                        finally:
-                            self._packing = False
-            return self._sample_loop(prompt_ids, params)
+            if self.packed is None:
+                ids, mask = left_pad([list(p) for p in prompt_ids[:1]], self.pad_id, self.device)
+                self.packed = self._check_packed(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+            with packed_linears(self.model, len(prompt_ids)) if self.packed else contextlib.nullcontext():
+                self._packing = self.packed
+                return self._sample_loop(prompt_ids, params)
         finally:
+            self._packing = False
             if was_training:
                 self.model.train()
 

@@ -11,14 +11,15 @@ that changes floating-point rounding (the number of torch threads, above all): b
 checks it can jump over its whole band while another skill is still below its own. So the warm
 start is steered by its mixture, not just stopped: once two checks in a row find a type above
 its band (one check above is often a swing the next one undoes), checks come every
-:data:`STEER_EVERY` steps and each one that finds a type outside its band (with the margin)
-halves the share of every type above it and gives 1.5x to every type below it (renormalised, no type under
-:data:`MIN_SHARE`: taking a type out makes a tiny model forget it within a few dozen steps). A
-skill fed less is forgotten quickly, one fed more grows, so the two meet inside their bands; a
-steered warm start lands at the second check in a row with every type inside a wider margin,
-:data:`STEER_MARGIN` (one check can catch a skill on its way through, and a fast-moving model's
-validation figure says less about its test one). Each steering check is recorded. A warm start that never goes above its band twice in a row is
-exactly the plain one. Deterministic in the seed and the thread count.
+:data:`STEER_EVERY` steps and each one that finds a type outside its band (with the wider margin
+:data:`STEER_MARGIN`) halves the share of every type above it and gives 1.5x to every type below
+it (renormalised, no type under :data:`MIN_SHARE`: taking a type out makes a tiny model forget it
+within a few dozen steps). A skill fed less is forgotten quickly, one fed more grows, so the two
+meet inside their bands; a steered warm start lands at the second check in a row with every type
+inside that wider margin (one check can catch a skill on its way through, and a fast-moving
+model's validation figure says less about its test one). Each steering check is recorded. A warm
+start that never goes above its band twice in a row is exactly the plain one. Deterministic in
+the seed and the thread count.
 """
 
 from __future__ import annotations
@@ -80,11 +81,19 @@ def collate(examples: Sequence[tuple[list[int], int]], pad_id: int):
     return input_ids, mask, labels
 
 
+def outside_band(spec: ZooSpec, acc: dict[str, float], margin: float = 0.0) -> tuple[list[str], list[str]]:
+    """(types above, types below) their band with ``margin`` (a share of the band's width) inside
+    both edges."""
+    high = [k for k, (lo, hi) in spec.bands.items() if acc.get(k, 0.0) > hi - margin * (hi - lo)]
+    low = [k for k, (lo, hi) in spec.bands.items() if acc.get(k, 0.0) < lo + margin * (hi - lo)]
+    return high, low
+
+
 def in_band(spec: ZooSpec, acc: dict[str, float], margin: float = 0.0) -> bool:
     """Whether every type's accuracy lies inside its band, ``margin`` (a share of the band's width)
     inside both edges."""
-    return all(lo + margin * (hi - lo) <= acc.get(k, 0.0) <= hi - margin * (hi - lo)
-               for k, (lo, hi) in spec.bands.items())
+    high, low = outside_band(spec, acc, margin)
+    return not high and not low
 
 
 STEER_EVERY = 10
@@ -133,6 +142,7 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=spec.weight_decay)
     every, was_above, was_inside, steering = spec.sft_eval_every, False, False, False
+    steer_margin = max(spec.band_margin, STEER_MARGIN)
     res = SFTResult()
     model.train()
     for step in range(spec.sft_max_steps):
@@ -163,24 +173,19 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
             # tiny model at a constant learning rate, plus validation noise), the test split regresses
             # a steered model moves fast (a skill fed less is forgotten within a few checks): it lands
             # only at the second check in a row inside the band
-            margin = max(spec.band_margin, STEER_MARGIN) if steering else spec.band_margin
-            inside_now = in_band(spec, acc, margin)
+            inside_now = in_band(spec, acc, steer_margin if steering else spec.band_margin)
             res.landed, was_inside = inside_now and (not steering or was_inside), inside_now
-            above = [k for k, (_, hi) in spec.bands.items() if acc.get(k, 0.0) > hi]
+            above, _ = outside_band(spec, acc)
             # above at two checks in a row: a jump over the band (one check above is often a swing
             # that the next check undoes, and training on through it is what lands most builds)
             over, was_above = bool(above) and was_above, bool(above)
-            if not inside_now and (steering or over):
-                if not steering:
-                    steering, every = True, min(every, STEER_EVERY)
-                m = max(spec.band_margin, STEER_MARGIN)  # outside the steered landing margin
-                high = [k for k, (lo, hi) in spec.bands.items() if acc.get(k, 0.0) > hi - m * (hi - lo)]
-                low = [k for k, (lo, hi) in spec.bands.items() if acc.get(k, 0.0) < lo + m * (hi - lo)]
-                if high or low:
-                    mixture = _steer(mixture, high, low)
-                    res.steering.append({"step": step + 1, "val": acc, "above": high, "below": low,
-                                         "mixture": dict(mixture)})
-                    check["mixture"] = dict(mixture)
+            if not inside_now and (steering or over):  # then some type is outside the steered margin
+                steering, every = True, min(every, STEER_EVERY)
+                high, low = outside_band(spec, acc, steer_margin)
+                mixture = _steer(mixture, high, low)
+                res.steering.append({"step": step + 1, "val": acc, "above": high, "below": low,
+                                     "mixture": dict(mixture)})
+                check["mixture"] = dict(mixture)
         if on_step is not None:
             on_step(step, res.losses[-1], check)
         if res.landed:
