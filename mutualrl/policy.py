@@ -190,7 +190,8 @@ class Policy:
         block = HEAD_BLOCK_COLUMNS if self.device.type == "cpu" and self.compute_dtype != "bfloat16" else None
         return HFEngine(self.model, self.eos_ids, self.pad_id, self.generator, autocast=self._autocast,
                         share_prompt_prefix=self.share_prompt_prefix, head_block=block,
-                        pack_linears=block is not None and self.generation.packed_weights)
+                        pack_linears=block is not None and self.generation.packed_weights,
+                        lean_step=self.generation.lean_decoding)
 
     def enable_rescue_optimizer(self, lr: float) -> torch.optim.Optimizer:
         """A second AdamW over the same trainable weights, for supervised (SGT rescue) steps."""

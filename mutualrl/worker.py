@@ -25,6 +25,7 @@ from mutualrl.config import RunConfig
 from mutualrl.devices import resolve_device
 from mutualrl.experience import ExperienceLimits, GroupOutcome, Rollout, VerifiedSuccess
 from mutualrl.faults import fault_point, log_acknowledged
+from mutualrl.heap import retain_freed_memory
 from mutualrl.modelref import resolve_model_path
 from mutualrl.policy import Policy
 from mutualrl.quiet import silence_transformers
@@ -41,6 +42,8 @@ class PolicyWorker:
 
         if threads:
             torch.set_num_threads(threads)
+        if cfg.retain_freed_memory:
+            retain_freed_memory()
         silence_transformers()
         self.cfg = cfg
         self.index = index

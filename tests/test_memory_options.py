@@ -87,3 +87,28 @@ def test_lora_and_checkpointing_run_learns_and_resumes_exactly(tiny_models, tmp_
                                                                        .splitlines()) if r.get("event") is None]
 
     assert rows(tmp_path / "cut") == rows(tmp_path / "full")[:4]
+
+
+def test_retain_freed_memory_takes_effect_on_glibc_and_is_idempotent() -> None:
+    """On Linux with glibc the heap option is in effect after the call (and a second call agrees);
+    elsewhere it reports that it is not."""
+    import platform
+    import sys
+
+    from mutualrl import heap
+
+    got = heap.retain_freed_memory()
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert got is glibc and heap.retained() is glibc
+    assert heap.retain_freed_memory() is glibc
+
+
+def test_retain_freed_memory_is_a_checked_run_option() -> None:
+    from mutualrl.config import load_config
+    from mutualrl.errors import ConfigError
+
+    base = {"policies": [{"name": "a", "model": "zoo:gpt2-add"}], "task": {"preset": "zoo"}}
+    assert load_config(base, check_paths=False).retain_freed_memory is True
+    assert load_config({**base, "retain_freed_memory": False}, check_paths=False).retain_freed_memory is False
+    with pytest.raises(ConfigError, match="retain_freed_memory"):
+        load_config({**base, "retain_freed_memory": "yes"}, check_paths=False)

@@ -189,16 +189,17 @@ def test_decode_mask_4d_not_used_where_it_is_not_the_same_mask(tiny_models) -> N
         pol.model.config._attn_implementation = "sdpa"
 
 
+@pytest.mark.parametrize("backend", ["mkl", "onednn"])
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
-def test_packed_linears_sample_what_the_plain_layers_sample(tiny_models, name) -> None:
-    """Sampling through oneDNN-prepacked weights (GPT-2's Conv1D and Llama's Linear layers, the
-    LM head too) draws the same tokens, with log-probs equal to float rounding, greedy and sampled;
-    the layers' own forward is back afterwards and training is untouched."""
+def test_packed_linears_sample_what_the_plain_layers_sample(tiny_models, name, backend) -> None:
+    """Sampling through prepacked weights (MKL's and oneDNN's; GPT-2's Conv1D and Llama's Linear
+    layers, the LM head too) draws the same tokens, with log-probs equal to float rounding, greedy
+    and sampled; the layers' own forward is back afterwards and training is untouched."""
     from mutualrl.engines import HFEngine, SamplingParams
     from mutualrl.engines.packed import packable_linears, packed_linears, packing_available
 
-    if not packing_available():
-        pytest.skip("this torch build has no oneDNN prepacked linear")
+    if not packing_available(backend):
+        pytest.skip(f"this torch build has no {backend} prepacked linear")
     pol = _policy(tiny_models[name])
     layers = packable_linears(pol.model)
     assert len(layers) >= 4  # the blocks' projections and the head
@@ -206,7 +207,7 @@ def test_packed_linears_sample_what_the_plain_layers_sample(tiny_models, name) -
     out = {}
     for packed in (False, True):
         eng = HFEngine(pol.model, pol.eos_ids, pol.pad_id, torch.Generator().manual_seed(3), head_block=7,
-                       pack_linears=packed)
+                       pack_linears=backend if packed else False)
         for greedy in (False, True):
             out[(packed, greedy)] = eng.generate(prompts, 3, SamplingParams(max_new_tokens=6, greedy=greedy))
         assert eng.packed is packed
@@ -217,7 +218,7 @@ def test_packed_linears_sample_what_the_plain_layers_sample(tiny_models, name) -
             assert torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-5)
     assert all("forward" not in vars(m) for m in layers)  # the layers' own forward again
     x = torch.randn(2, 5, pol.model.config.hidden_size)
-    with torch.no_grad(), packed_linears(pol.model, 2) as n:
+    with torch.no_grad(), packed_linears(pol.model, 2, backend) as n:
         inside = [m(x) if type(m) is torch.nn.Linear and m.in_features == x.shape[-1] else None for m in layers]
     assert n == len(layers)
     for m, y in zip(layers, inside, strict=True):
@@ -225,22 +226,58 @@ def test_packed_linears_sample_what_the_plain_layers_sample(tiny_models, name) -
             assert torch.allclose(y, m(x), atol=1e-5, rtol=1e-5)
 
 
-def test_packed_linears_fall_back_when_they_do_not_match(tiny_models, monkeypatch) -> None:
+@pytest.mark.parametrize("backend", ["mkl", "onednn"])
+def test_packed_linears_fall_back_when_they_do_not_match(tiny_models, monkeypatch, backend) -> None:
     """A packed forward whose logits differ from the model's own is found on the first call and
     the engine keeps the plain layers (what it samples is the plain engine's)."""
     import mutualrl.engines.packed as packed_mod
     from mutualrl.engines import HFEngine, SamplingParams
 
-    if not packed_mod.packing_available():
-        pytest.skip("this torch build has no oneDNN prepacked linear")
+    if not packed_mod.packing_available(backend):
+        pytest.skip(f"this torch build has no {backend} prepacked linear")
     pol = _policy(tiny_models["tiny-llama"])
-    call = packed_mod._Packed.__call__
-    monkeypatch.setattr(packed_mod._Packed, "__call__", lambda self, x: call(self, x) * 1.01)
+    cls = packed_mod._PACKERS[backend]
+    call = cls.__call__
+    monkeypatch.setattr(cls, "__call__", lambda self, x: call(self, x) * 1.01)
     prompts = [pol.encode_prompt("What is 12 + 34?")]
     res = {}
     for packed in (False, True):
-        eng = HFEngine(pol.model, pol.eos_ids, pol.pad_id, torch.Generator().manual_seed(3), pack_linears=packed)
+        eng = HFEngine(pol.model, pol.eos_ids, pol.pad_id, torch.Generator().manual_seed(3),
+                       pack_linears=backend if packed else False)
         res[packed] = eng.generate(prompts, 4, SamplingParams(max_new_tokens=5))
         assert eng.packed is False
     assert res[False].ids == res[True].ids and res[False].logprobs == res[True].logprobs
-    assert Policy("q", str(tiny_models["tiny-llama"]), GRPOOptions()).engine.packed is None  # on by default on CPU
+    default = Policy("q", str(tiny_models["tiny-llama"]), GRPOOptions()).engine
+    assert default.packed is None and default.pack_backend == packed_mod.default_backend()  # on by default on CPU
+
+
+def test_mkl_packing_is_bit_for_bit_the_plain_layer() -> None:
+    """MKL's packed GEMM gives the plain layer's output: exactly on Intel CPUs (what lets it be
+    their default), to float rounding elsewhere."""
+    from mutualrl.engines.packed import cpu_vendor, packed_linears, packing_available
+
+    if not packing_available("mkl"):
+        pytest.skip("this torch build has no MKL packed GEMM")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(160, 480), torch.nn.Linear(480, 96, bias=False))
+    with torch.no_grad():
+        for rows in (1, 3, 16, 40):
+            x = torch.randn(rows, 1, 160)
+            plain = model(x)
+            with packed_linears(model, 16, "mkl"):
+                mine = model(x)
+            assert torch.allclose(mine, plain, rtol=1e-5, atol=1e-6), rows
+            if cpu_vendor() == "GenuineIntel":
+                assert torch.equal(mine, plain), rows
+
+
+def test_default_backend_follows_the_cpu_vendor(monkeypatch) -> None:
+    import mutualrl.engines.packed as packed_mod
+
+    monkeypatch.setattr(packed_mod, "packing_available", lambda backend="onednn": True)
+    monkeypatch.setattr(packed_mod, "cpu_vendor", lambda: "GenuineIntel")
+    assert packed_mod.default_backend() == "mkl"
+    monkeypatch.setattr(packed_mod, "cpu_vendor", lambda: "AuthenticAMD")
+    assert packed_mod.default_backend() == "onednn"
+    monkeypatch.setattr(packed_mod, "packing_available", lambda backend="onednn": backend == "mkl")
+    assert packed_mod.default_backend() == "mkl"  # the other one where only it is there

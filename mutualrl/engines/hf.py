@@ -10,8 +10,11 @@ mask as the 4D boolean mask SDPA takes, which transformers uses as it is instead
 from the 2D mask at every step (the zoo's 32-token sampling ~15 % faster), where that is the same
 mask: SDPA attention, no sliding window shorter than the sequence; the first call checks it too.
 With ``pack_linears`` (the policy sets it on CPU in fp32) each sampling call runs through linear
-layers prepacked for oneDNN (:mod:`mutualrl.engines.packed`), the LM head included, once the first
-call has checked that they give the model's own logits.
+layers prepacked for MKL or oneDNN (:mod:`mutualrl.engines.packed`), the LM head included, once the
+first call has checked that they give the model's own logits. With ``lean_step`` (the policy's
+default) decoding steps of GPT-2 and Llama-family models run :mod:`mutualrl.engines.decode_step`'s
+lean step over a static KV cache instead of the model's forward, once the first call has checked
+that it gives the model's own logits.
 """
 
 from __future__ import annotations
@@ -32,8 +35,15 @@ from mutualrl.engines.base import (
     sample_tokens,
     unwrap_peft,
 )
+from mutualrl.engines.decode_step import DecodeStep, StaticKV, decode_step_for
 from mutualrl.engines.head import blockable, blocked_logits, decoder_and_head
-from mutualrl.engines.packed import packable_linears, packed_linears, packing_available
+from mutualrl.engines.packed import (
+    BACKENDS,
+    default_backend,
+    packable_linears,
+    packed_linears,
+    packing_available,
+)
 
 
 class HFEngine:
@@ -50,13 +60,17 @@ class HFEngine:
         head_block: compute the LM head in blocks of this many vocabulary rows (``None``: the
             model's own forward). Used only when the head is a plain linear layer and, checked on
             the first call, the decoder plus the blocked head give the model's logits.
-        pack_linears: sample through oneDNN-prepacked linear weights (fp32 CPU; see
-            :mod:`mutualrl.engines.packed`), where the first call finds they give the model's logits.
+        pack_linears: sample through prepacked linear weights (fp32 CPU; see
+            :mod:`mutualrl.engines.packed`): a backend (``mkl``, ``onednn``) or ``True`` for the CPU's
+            default one, where the first call finds they give the model's logits.
+        lean_step: decode through :mod:`mutualrl.engines.decode_step`'s lean step over a static KV
+            cache (GPT-2 and Llama-family models), where the first call finds it gives the model's
+            logits.
     """
 
     def __init__(self, model: torch.nn.Module, eos_ids: Iterable[int], pad_id: int, generator: torch.Generator,
                  *, autocast: Any = contextlib.nullcontext, share_prompt_prefix: bool = True,
-                 head_block: int | None = None, pack_linears: bool = False) -> None:
+                 head_block: int | None = None, pack_linears: bool | str = False, lean_step: bool = False) -> None:
         self.model = model
         self.eos_ids = sorted({int(e) for e in eos_ids})
         self.pad_id = int(pad_id)
@@ -71,10 +85,19 @@ class HFEngine:
         """(decoder, LM head), taken by that check."""
         self.mask_4d: bool | None = None
         """Whether decoding steps pass a 4D padding mask: ``None`` until the first call has checked it."""
-        self.packed: bool | None = None if pack_linears else False
+        self.pack_backend: str | None = (default_backend() if pack_linears is True
+                                         else pack_linears if pack_linears in BACKENDS else None)
+        """The prepacking backend (:data:`~mutualrl.engines.packed.BACKENDS`), ``None``: plain layers."""
+        if pack_linears not in (False, True, *BACKENDS):
+            raise ValueError(f"pack_linears: expected true, false or one of {', '.join(BACKENDS)}, got {pack_linears!r}")
+        self.packed: bool | None = None if self.pack_backend else False
         """Whether sampling runs through prepacked linear weights: ``None`` until the first call has
         checked it."""
         self._packing = False
+        self.lean: bool | None = None if lean_step else False
+        """Whether decoding steps run the lean step (:mod:`mutualrl.engines.decode_step`) over a static
+        cache: ``None`` until the first call has checked it."""
+        self._step: DecodeStep | None = None
 
     def _mask_4d_applies(self, length: int) -> bool:
         """Whether a 4D boolean padding mask of ``length`` positions is the mask the model would build:
@@ -120,13 +143,14 @@ class HFEngine:
     def _check_packed(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> bool:
         """Whether the model's last-position logits of one prefill are the same (to float rounding)
         through prepacked linear layers as through its own."""
-        if not packing_available() or not packable_linears(self.model):
+        backend = self.pack_backend
+        if backend is None or not packing_available(backend) or not packable_linears(self.model):
             return False
         kw = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "use_cache": False, "logits_to_keep": 1}
         try:
             with self.autocast():
                 plain = self.model(**kw).logits[:, -1].float()
-                with packed_linears(self.model, ids.shape[0]):
+                with packed_linears(self.model, ids.shape[0], backend):
                     mine = self.model(**kw).logits[:, -1].float()
         except (TypeError, AttributeError, RuntimeError, NotImplementedError):
             return False
@@ -174,13 +198,43 @@ class HFEngine:
             if self.packed is None:
                 ids, mask = left_pad([list(p) for p in prompt_ids[:1]], self.pad_id, self.device)
                 self.packed = self._check_packed(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
-            with packed_linears(self.model, len(prompt_ids)) if self.packed else contextlib.nullcontext():
+            with (packed_linears(self.model, len(prompt_ids), self.pack_backend) if self.packed
+                  else contextlib.nullcontext()):
                 self._packing = self.packed
                 return self._sample_loop(prompt_ids, params)
         finally:
             self._packing = False
             if was_training:
                 self.model.train()
+
+    def _head_logits(self, hidden: torch.Tensor, buf: torch.Tensor | None) -> torch.Tensor:
+        """The LM head over final hidden states ``[B, H]`` as :meth:`_forward` computes it (fp32)."""
+        if self._parts is None:
+            self._parts = decoder_and_head(self.model)
+        head = self._parts[1]
+        if self.blocked_head and not self._packing:
+            logits = blocked_logits(head, hidden.to(head.weight.dtype), self.head_block,
+                                    buf if buf is not None and buf.shape[0] == hidden.shape[0] else None,
+                                    self._softcap())
+        else:
+            logits = head(hidden)
+            cap = self._softcap()
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+        return logits.float()
+
+    def _lean_applies(self, capacity: int) -> DecodeStep | None:
+        """The lean decoding step, where it is on, not ruled out by an earlier check and the model
+        has one (:func:`~mutualrl.engines.decode_step.decode_step_for`)."""
+        if self.lean is False:
+            return None
+        if self._step is None:
+            self._step = decode_step_for(self.model)
+            if self._step is None:
+                self.lean = False
+                return None
+        window = self._step.window
+        return self._step if window is None or capacity <= window else None
 
     def _sample_loop(self, prompt_ids: list[Sequence[int]], params: SamplingParams) -> Generation:
         dev = self.device
@@ -205,13 +259,19 @@ class HFEngine:
         if self.blocked_head and not self._packing:
             weight = self._parts[1].weight
             buf = torch.empty((b, weight.shape[0]), dtype=weight.dtype, device=dev)
-        if len(uniq) < b:  # each distinct prompt was prefilled once: index its cache out to its rows
-            sel = torch.tensor(inv, device=dev)
+        sel = torch.tensor(inv, device=dev)
+        step = self._lean_applies(width + max_new) if max_new > 1 else None
+        cache = StaticKV(past, step.num_layers, sel, width + max_new) if step is not None else None
+        if cache is not None and self.lean:
+            past = None  # decoding reads the static cache only
+        elif len(uniq) < b:  # each distinct prompt was prefilled once: index its cache out to its rows
             past.batch_select_indices(sel)
+        if len(uniq) < b:
             mask_full, pos, logits = mask_full[sel], pos[sel], logits[sel]
         pos = pos[:, -1:]
-        mask4 = (mask_full.bool()[:, None, None, :]
-                 if self.mask_4d is not False and self._mask_4d_applies(width + max_new) else None)
+        mask_bool = mask_full.bool()[:, None, None, :]
+        mask4 = (mask_bool if cache is None and self.mask_4d is not False and self._mask_4d_applies(width + max_new)
+                 else None)
         gen = self.generator
         if gen.device != dev:  # draw on the device (no host round trip per token), seeded from the host generator
             gen = torch.Generator(device=dev).manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.generator)))
@@ -227,7 +287,12 @@ class HFEngine:
                 break
             pos = pos + 1
             step_ids, kv = out_tok[:, t:t + 1], width + t + 1
-            if mask4 is not None and self.mask_4d is None:
+            if cache is not None:
+                with self.autocast():
+                    logits = self._head_logits(step(step_ids, pos, cache, kv, mask_bool[..., :kv]), buf)
+                if self.lean is None:
+                    cache, logits, past = self._check_lean(logits, step_ids, mask_full[:, :kv], pos, past, cache)
+            elif mask4 is not None and self.mask_4d is None:
                 logits, past = self._check_mask_4d(step_ids, mask_full[:, :kv], mask4[..., :kv], pos, past)
             else:
                 m = mask4[..., :kv] if mask4 is not None and self.mask_4d else mask_full[:, :kv]
@@ -237,3 +302,14 @@ class HFEngine:
         lens = lengths.tolist()
         return Generation([toks[i][:lens[i]] for i in range(b)], [lps[i][:lens[i]] for i in range(b)],
                           finished.tolist())
+
+    def _check_lean(self, lean_logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+                    past: Any, cache: StaticKV) -> tuple[StaticKV | None, torch.Tensor, Any]:
+        """Decide :attr:`lean` from one decoding step: the model's own forward of the same step (its
+        cache advanced too) must give ``lean_logits`` to float rounding. Returns the static cache (or
+        ``None`` where the model's forward goes on), the step's logits and the model's cache."""
+        logits, past = self._forward(ids, mask, pos, past, None)
+        self.lean = bool(torch.allclose(lean_logits, logits, rtol=1e-4, atol=1e-4))
+        if self.lean:
+            return cache, lean_logits, None
+        return None, logits, past
