@@ -116,3 +116,23 @@ def test_policies_decode_lean_by_default(tiny_models) -> None:
     assert pol.engine.lean is True
     off = Policy("q", str(tiny_models["tiny-llama"]), GRPOOptions(), generation=GenerationConfig(lean_decoding=False))
     assert off.engine.lean is False
+
+
+def test_lean_step_stops_a_row_at_eos() -> None:
+    eng = HFEngine(_tiny("llama"), [2], 0, torch.Generator().manual_seed(3), lean_step=True)
+    eng.generate(PROMPTS, 1, SamplingParams(max_new_tokens=3))
+    assert eng.lean is True
+    head, calls = eng._head_logits, {"n": 0}
+
+    def forced(hidden, buf):
+        out = head(hidden, buf)
+        calls["n"] += 1
+        if calls["n"] == 2:  # the 3rd token of row 1 (the 1st comes from the prefill)
+            out[1, 2] += 1e4
+        return out
+
+    eng._head_logits = forced
+    g = eng.generate(PROMPTS, 1, SamplingParams(max_new_tokens=7))
+    assert g.ids[1][-1] == 2 and len(g.ids[1]) == 3 and g.finished[1]
+    assert g.logprobs[1][-1] == pytest.approx(0.0, abs=1e-3)
+    assert all(len(i) == len(lp) for i, lp in zip(g.ids, g.logprobs, strict=True))

@@ -118,12 +118,15 @@ def test_generation_stops_at_eos(policies, name):
         return out
 
     pol.model.forward = forced
-    blocked, pol.engine.blocked_head = pol.engine.blocked_head, False  # steer the model's own forward
+    # steer the model's own forward (not the blocked head's or the lean step's), one call per step
+    eng = pol.engine
+    saved = eng.blocked_head, eng.lean, eng.mask_4d, eng.packed
+    eng.blocked_head, eng.lean, eng.mask_4d, eng.packed = False, False, False, False
     try:
         ids, lps, fin = pol.generate_ids([pol.encode_prompt(q) for q in QUESTIONS])
     finally:
         del pol.model.forward
-        pol.engine.blocked_head = blocked
+        eng.blocked_head, eng.lean, eng.mask_4d, eng.packed = saved
     assert ids[0] == [eos] and fin[0]
     assert len(ids[1]) == 3 and ids[1][-1] == eos and fin[1]
     assert len(ids[2]) == 7 and not fin[2] and eos not in ids[2]
