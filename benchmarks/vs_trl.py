@@ -64,7 +64,8 @@ def settings(args: argparse.Namespace, case: str) -> dict[str, Any]:
             "max_completion_length": args.completion_len, "temperature": 1.0, "learning_rate": 1e-5,
             "beta": 0.0, "epsilon": 0.2, "num_iterations": 1, "loss_type": "dr_grpo",
             "scale_rewards": "group", "max_grad_norm": 1.0, "steps": steps,
-            "warmup": args.warmup if args.warmup is not None else (1 if args.quick or not small else 2), "seed": 0}
+            "warmup": args.warmup if args.warmup is not None else (1 if args.quick or not small else 2), "seed": 0,
+            "trl_process_settings": bool(getattr(args, "trl_process_settings", False))}
 
 
 def step_problems(s: dict[str, Any]) -> list[list[Any]]:
@@ -229,6 +230,12 @@ def child_trl(s: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(s["threads"])
+    if s.get("trl_process_settings"):  # what mutualrl's workers set for themselves (heap kept, denormals flushed)
+        from mutualrl.denormals import flush_denormals
+        from mutualrl.heap import retain_freed_memory
+
+        retain_freed_memory()
+        flush_denormals()
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -427,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--out", default=None, help="result file (default benchmarks/results/vs_trl.json, vs_trl_gpu.json "
                     "on CUDA, *_quick.json with --quick); written exactly where given")
+    ap.add_argument("--trl-process-settings", action="store_true",
+                    help="give TRL's process the settings mutualrl's workers make for themselves (glibc heap kept, "
+                         "denormals flushed): how much of the lead is those settings")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:

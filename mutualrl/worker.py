@@ -8,9 +8,10 @@ so the same worker runs in-process, in a subprocess or as a Ray actor.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from mutualrl.algorithms.sharing import OwnGroup, PeerRows, ShareContext, build_
 from mutualrl.algorithms.update import train_on_batch
 from mutualrl.checkpoint import load_policy_state, save_policy_state
 from mutualrl.config import RunConfig
+from mutualrl.denormals import denormals_flushed
 from mutualrl.devices import resolve_device
 from mutualrl.experience import ExperienceLimits, GroupOutcome, Rollout, VerifiedSuccess
 from mutualrl.faults import fault_point, log_acknowledged
@@ -31,6 +33,18 @@ from mutualrl.policy import Policy
 from mutualrl.quiet import silence_transformers
 from mutualrl.tasks.base import Problem
 from mutualrl.tasks.build import build_task, eval_problems
+
+
+def _numerics(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a worker phase with denormals flushed to zero where the run asks for it (``flush_denormals``),
+    the thread's setting restored afterwards."""
+    @functools.wraps(method)
+    def run(self: PolicyWorker, *args: Any, **kwargs: Any) -> Any:
+        if not self.cfg.flush_denormals:
+            return method(self, *args, **kwargs)
+        with denormals_flushed():
+            return method(self, *args, **kwargs)
+    return run
 
 
 class PolicyWorker:
@@ -116,6 +130,7 @@ class PolicyWorker:
                                    rewards[sl], scores[sl], [s.text for s in ss]))
         return groups, samples
 
+    @_numerics
     def rollout(self, step: int) -> dict[str, float]:
         """Sample the group for each of this step's prompts, score it and publish it.
 
@@ -192,6 +207,7 @@ class PolicyWorker:
         return peer_trace(r.completion, list(r.token_ids), list(r.logprobs), src_tok, self.policy.tokenizer,
                           prompt=list(prompt_ids))
 
+    @_numerics
     def update(self, step: int) -> dict[str, float]:
         """Query peers' rows, build the strategy's batch and train on it."""
         t0 = time.perf_counter()
@@ -232,6 +248,7 @@ class PolicyWorker:
                   "train_tokens": sum(len(r.completion_ids) for r in batch.rows)})
         return m
 
+    @_numerics
     def evaluate(self, n: int | None = None) -> dict[str, float]:
         """Greedy accuracy on the held-out test problems (the same for every policy)."""
         probs = eval_problems(self.task, n or self.cfg.eval_size)

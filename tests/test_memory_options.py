@@ -112,3 +112,35 @@ def test_retain_freed_memory_is_a_checked_run_option() -> None:
     assert load_config({**base, "retain_freed_memory": False}, check_paths=False).retain_freed_memory is False
     with pytest.raises(ConfigError, match="retain_freed_memory"):
         load_config({**base, "retain_freed_memory": "yes"}, check_paths=False)
+
+
+def test_flush_denormals_is_scoped_and_zoo_builds_keep_them() -> None:
+    from mutualrl.denormals import denormals_flushed, denormals_kept, flushing
+
+    assert not flushing()
+    with denormals_flushed() as on:
+        if not on:
+            pytest.skip("this CPU cannot flush denormals")
+        assert flushing() and (torch.tensor([1e-39]) * 1.0).item() == 0.0
+        with denormals_kept():
+            assert not flushing() and (torch.tensor([1e-39]) * 1.0).item() > 0.0
+        assert flushing()
+    assert not flushing()  # the thread's setting is back
+    assert load_run_option("flush_denormals") is True
+
+
+def test_a_run_leaves_the_callers_denormals_alone(tiny_config, tmp_path) -> None:
+    """Workers flush denormals while they work; the calling process (sequential scheduler: the same
+    thread) has exact denormals again when the run returns."""
+    from mutualrl.denormals import flushing
+
+    cfg = {**tiny_config, "steps": 1, "eval_every": 1}
+    MutualTrainer(cfg, tmp_path / "run", progress=False).train()
+    assert not flushing()
+
+
+def load_run_option(name: str):
+    from mutualrl.config import load_config
+
+    base = {"policies": [{"name": "a", "model": "zoo:gpt2-add"}], "task": {"preset": "zoo"}}
+    return getattr(load_config(base, check_paths=False), name)

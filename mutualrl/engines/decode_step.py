@@ -85,8 +85,9 @@ class StaticKV:
     def attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: int,
                mask: torch.Tensor, scale: float) -> torch.Tensor:
         """Write layer ``i``'s new key and value ``[B, H_kv, 1, D]`` at position ``kv - 1`` and return
-        the attention of ``q`` ``[B, H, 1, D]`` over positions ``< kv`` (``mask`` ``[B, 1, 1, kv]``,
-        True where a row attends), ``[B, 1, H * D]``."""
+        the attention of ``q`` ``[B, H, 1, D]`` over positions ``< kv``, ``[B, 1, H * D]``. ``mask``
+        is ``[B, 1, 1, kv]``: True where a row attends, or the additive form (0 there, -inf
+        elsewhere, in the cache's dtype: what SDPA turns a boolean mask into at every call)."""
         kb, vb = self.keys[i], self.values[i]
         kb[:, :, kv - 1:kv] = k
         vb[:, :, kv - 1:kv] = v
@@ -123,7 +124,9 @@ class DecodeStep:
 
 
 class GPT2DecodeStep(DecodeStep):
-    """GPT-2: learned positions, pre-norm blocks, fused QKV ``Conv1D``."""
+    """GPT-2: learned positions, pre-norm blocks, fused QKV ``Conv1D``. Its ``gelu_new`` MLP
+    activation (eight elementwise ops in transformers) is computed by torch's fused tanh-GELU, the
+    same formula to float rounding."""
 
     model_types = ("gpt2",)
 
@@ -139,6 +142,7 @@ class GPT2DecodeStep(DecodeStep):
         self.t = unwrap_peft(model).transformer
         self.blocks = list(self.t.h)
         self.num_layers = len(self.blocks)
+        self.gelu_tanh = [type(getattr(b.mlp, "act", None)).__name__ == "NewGELUActivation" for b in self.blocks]
 
     def __call__(self, ids: torch.Tensor, pos: torch.Tensor, cache: StaticKV, kv: int,
                  mask: torch.Tensor) -> torch.Tensor:
@@ -151,7 +155,11 @@ class GPT2DecodeStep(DecodeStep):
             q, k, v = attn.c_attn(block.ln_1(h)).view(b, 1, 3, heads, dim).unbind(2)
             o = cache.attend(i, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kv, mask, attn.scaling)
             h = h + attn.c_proj(o)
-            h = h + block.mlp(block.ln_2(h))
+            mlp = block.mlp
+            if self.gelu_tanh[i]:
+                h = h + mlp.c_proj(F.gelu(mlp.c_fc(block.ln_2(h)), approximate="tanh"))
+            else:
+                h = h + mlp(block.ln_2(h))
         return t.ln_f(h)[:, -1]
 
 

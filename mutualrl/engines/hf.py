@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -269,9 +270,11 @@ class HFEngine:
         if len(uniq) < b:
             mask_full, pos, logits = mask_full[sel], pos[sel], logits[sel]
         pos = pos[:, -1:]
-        mask_bool = mask_full.bool()[:, None, None, :]
-        mask4 = (mask_bool if cache is None and self.mask_4d is not False and self._mask_4d_applies(width + max_new)
-                 else None)
+        mask4 = (mask_full.bool()[:, None, None, :]
+                 if cache is None and self.mask_4d is not False and self._mask_4d_applies(width + max_new) else None)
+        if cache is not None:  # the additive mask, built once (SDPA would convert a boolean one every layer)
+            zero = torch.zeros((), dtype=cache.keys[0].dtype, device=dev)
+            mask_add = zero.expand(mask_full.shape).masked_fill(mask_full == 0, -math.inf)[:, None, None, :]
         gen = self.generator
         if gen.device != dev:  # draw on the device (no host round trip per token), seeded from the host generator
             gen = torch.Generator(device=dev).manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.generator)))
@@ -289,7 +292,7 @@ class HFEngine:
             step_ids, kv = out_tok[:, t:t + 1], width + t + 1
             if cache is not None:
                 with self.autocast():
-                    logits = self._head_logits(step(step_ids, pos, cache, kv, mask_bool[..., :kv]), buf)
+                    logits = self._head_logits(step(step_ids, pos, cache, kv, mask_add[..., :kv]), buf)
                 if self.lean is None:
                     cache, logits, past = self._check_lean(logits, step_ids, mask_full[:, :kv], pos, past, cache)
             elif mask4 is not None and self.mask_4d is None:

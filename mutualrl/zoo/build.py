@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from mutualrl.denormals import denormals_kept
 from mutualrl.paths import cache_root as _cache_root
 from mutualrl.quiet import quiet_transformers
 from mutualrl.zoo.specs import DEFAULT_NAMES, ZOO, ZOO_VERSION, ZooSpec, check_names
@@ -197,8 +198,9 @@ def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str 
     before = torch.get_num_threads()
     torch.set_num_threads(threads or 1)
     try:
-        for n in todo:
-            build_with_progress(table[n], seed, build_task, dirs[n], progress=progress)
+        with denormals_kept():  # the same weights whether or not a run flushed them in this process
+            for n in todo:
+                build_with_progress(table[n], seed, build_task, dirs[n], progress=progress)
     finally:
         torch.set_num_threads(before)
     return dirs
