@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from mutualrl.config import GenerationConfig, GRPOOptions, PeftConfig
@@ -91,7 +92,9 @@ def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Te
             logits = torch.tanh(logits / softcap) * softcap
         if temperature != 1.0:
             logits = logits / temperature
-        return logits.gather(-1, t.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        # log-softmax at the target through cross-entropy: one fused kernel each way (a gather minus
+        # logsumexp backpropagates through three passes over the logits: ~2x slower on SmolLM2's)
+        return -F.cross_entropy(logits, t, reduction="none")
 
     if flat.shape[0] <= rows:
         return piece(flat, tflat).reshape(b, n)
