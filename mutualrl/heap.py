@@ -8,8 +8,11 @@ zero-fills them: in a profile of one SmolLM2 update on this project's 2-core mac
 the head gradient's fresh pages alone took 0.2 s. :func:`retain_freed_memory` tells glibc
 (``mallopt``) to serve every request from its heap and never trim it: freed blocks stay resident
 and the next step reuses them. Measured (fp32, 2 threads, 16 x 32-token rows): a SmolLM2 update
-3.5 -> 2.75 s, a 32-token sampling call 3.4 -> 3.16 s. The cost is that memory freed after the
-peak stays with the process until it exits; the peak itself does not grow. Intel's PyTorch CPU
+3.5 -> 2.75 s repeated on one batch, a 32-token sampling call 3.4 -> 3.16 s (alternating the two,
+the difference was inside the host's noise). The cost is memory: blocks freed in one phase are
+kept for the next rather than returned, so the peak grows (SmolLM2 in ``benchmarks/vs_trl.py``:
+4.7 instead of 3.7 GB resident), and what is freed after the peak stays with the process until it
+exits. ``retain_freed_memory: false`` where memory is tighter than time. Intel's PyTorch CPU
 tuning guide gets the same effect from swapping in jemalloc or tcmalloc; this needs no library.
 
 The run option ``retain_freed_memory`` (default true) switches it on in every worker process;
