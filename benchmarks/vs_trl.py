@@ -68,7 +68,7 @@ def settings(args: argparse.Namespace, case: str) -> dict[str, Any]:
             "beta": 0.0, "epsilon": 0.2, "num_iterations": 1, "loss_type": "dr_grpo",
             "scale_rewards": "group", "max_grad_norm": 1.0, "steps": steps,
             "warmup": args.warmup if args.warmup is not None else (1 if args.quick else 2), "seed": 0,
-            "trl_process_settings": bool(getattr(args, "trl_process_settings", False))}
+            "trl_process_settings": args.trl_process_settings}
 
 
 def step_problems(s: dict[str, Any]) -> list[list[Any]]:

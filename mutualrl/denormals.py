@@ -50,26 +50,25 @@ def flushing() -> bool:
 
 
 @contextlib.contextmanager
-def denormals_flushed() -> Iterator[bool]:
+def _denormals(flush: bool) -> Iterator[bool]:
+    """Within the block, denormals are flushed (``flush``) or exact; the thread's setting before it
+    is restored afterwards. Yields whether they are flushed."""
+    was = flushing()
+    if was != flush:
+        flush_denormals(flush)
+    try:
+        yield flushing()
+    finally:
+        if was != flush:
+            torch.set_flush_denormal(was)
+
+
+def denormals_flushed() -> contextlib.AbstractContextManager[bool]:
     """Within the block, denormals are flushed to zero (where the CPU can); the setting before it is
     restored afterwards. Yields whether they are flushed."""
-    was = flushing()
-    now = was or flush_denormals(True)
-    try:
-        yield now
-    finally:
-        if not was:
-            torch.set_flush_denormal(False)
+    return _denormals(True)
 
 
-@contextlib.contextmanager
-def denormals_kept() -> Iterator[None]:
+def denormals_kept() -> contextlib.AbstractContextManager[bool]:
     """Within the block, denormals are exact; the setting before it is restored afterwards."""
-    was = flushing()
-    if was:
-        torch.set_flush_denormal(False)
-    try:
-        yield
-    finally:
-        if was:
-            torch.set_flush_denormal(True)
+    return _denormals(False)

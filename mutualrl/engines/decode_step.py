@@ -20,7 +20,6 @@ which configurations it does not cover (the engine then keeps the model's forwar
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -231,8 +230,3 @@ def decode_step_for(model: torch.nn.Module) -> DecodeStep | None:
         return step(model)
     except (AttributeError, TypeError):
         return None
-
-
-def supported_model_types() -> Sequence[str]:
-    """The ``model_type`` values :data:`DECODE_STEPS` covers."""
-    return sorted(DECODE_STEPS)

@@ -129,13 +129,9 @@ class HFEngine:
         """Logits of the last position (``[B, V]``, fp32) and the cache after one forward."""
         kw = {self._cache_kw: past} if past is not None else {}
         if self.blocked_head and not self._packing:  # a packed head is faster than the blocked one
-            decoder, head = self._parts
             with self.autocast():
-                out = decoder(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kw)
-            hidden = out.last_hidden_state[:, -1].to(head.weight.dtype)
-            logits = blocked_logits(head, hidden, self.head_block, buf if buf is not None and
-                                    buf.shape[0] == hidden.shape[0] else None, self._softcap())
-            return logits.float(), getattr(out, self._cache_kw)
+                out = self._parts[0](input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kw)
+            return self._head_logits(out.last_hidden_state[:, -1], buf), getattr(out, self._cache_kw)
         with self.autocast():
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                              logits_to_keep=1, **kw)
@@ -209,7 +205,8 @@ class HFEngine:
                 self.model.train()
 
     def _head_logits(self, hidden: torch.Tensor, buf: torch.Tensor | None) -> torch.Tensor:
-        """The LM head over final hidden states ``[B, H]`` as :meth:`_forward` computes it (fp32)."""
+        """The LM head over final hidden states ``[B, H]`` (fp32): blocked into ``buf`` where the
+        blocked head is on and the layers are not packed, else the head's own forward."""
         if self._parts is None:
             self._parts = decoder_and_head(self.model)
         head = self._parts[1]
