@@ -8,7 +8,7 @@ from typing import Any
 
 from mutualrl.experience.limits import DEFAULT_LIMITS, ExperienceLimits, InvalidExperience
 from mutualrl.experience.records import KINDS, RECORD_TYPES, SCHEMA_VERSION, Record, unpack_array
-from mutualrl.experience.validate import _FLOAT_FIELDS, _INT_FIELDS, _LIST_FIELDS, _STR_FIELDS, validate
+from mutualrl.experience.validate import validate
 
 
 def _reject_constant(name: str) -> float:
@@ -143,7 +143,7 @@ def _parse(obj: dict | str | bytes, limits: ExperienceLimits) -> Record:
         kwargs[f.name] = d[f.name]
     if "record_id" not in d:
         raise InvalidExperience("missing_field", f"{kind} needs field 'record_id'")
-    _check_types(kind, kwargs)
+    _check_types(cls, kwargs)
     try:
         record = cls(**kwargs)
     except OverflowError:
@@ -155,23 +155,24 @@ def _parse(obj: dict | str | bytes, limits: ExperienceLimits) -> Record:
     return record
 
 
-def _check_types(kind: str, kw: dict[str, Any]) -> None:
-    for name in _STR_FIELDS[kind]:
+def _check_types(cls: type[Record], kw: dict[str, Any]) -> None:
+    """Exact types of untrusted values, from the record's field tables (bool is not an int here)."""
+    for name in cls.STR_FIELDS:
         if not isinstance(kw[name], str):
             raise InvalidExperience("wrong_type", f"{name} must be a string")
-    for name in _INT_FIELDS[kind]:
+    for name in cls.INT_FIELDS:
         if name in kw and not _is_int(kw[name]):
             raise InvalidExperience("wrong_type", f"{name} must be an integer")
-    for name in _FLOAT_FIELDS[kind]:
+    for name in cls.FLOAT_FIELDS:
         if name in kw and not _is_num(kw[name]):
             raise InvalidExperience("wrong_type", f"{name} must be a number")
-    for name, elem in _LIST_FIELDS[kind].items():
+    for name, code in cls.ARRAY_ITEMS:
         v = kw[name]
         if not isinstance(v, list):
             raise InvalidExperience("wrong_type", f"{name} must be a list")
-        allowed = _INT_TYPES if elem is int else _NUM_TYPES
+        allowed, what = (_INT_TYPES, "int") if code == "q" else (_NUM_TYPES, "float")
         if not allowed.issuperset(map(type, v)):  # exact types: bool is not an int here
-            raise InvalidExperience("wrong_type", f"{name} must hold only {elem.__name__}s")
+            raise InvalidExperience("wrong_type", f"{name} must hold only {what}s")
 
 
 def parse_row(row: Any, limits: ExperienceLimits = DEFAULT_LIMITS) -> Record:
@@ -208,7 +209,7 @@ def _parse_row(row: Any, limits: ExperienceLimits) -> Record:
         if isinstance(x, (list, tuple, dict)):
             raise InvalidExperience("too_deep", "a scalar field holds a container")
     kwargs: dict[str, Any] = dict(zip(cls.SCALAR_FIELDS, scalars, strict=True))
-    _check_types(kind, {**kwargs, **{name: [] for name, _ in cls.ARRAY_ITEMS}})
+    _check_types(cls, {**kwargs, **{name: [] for name, _ in cls.ARRAY_ITEMS}})
     items = cls.ARRAY_ITEMS
     packed: list[bytes] = []
     if items:

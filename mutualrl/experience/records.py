@@ -89,11 +89,27 @@ class _RecordBase:
 
     kind: ClassVar[str]
     SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
-    ARRAY_FIELDS: ClassVar[dict[str, str]] = {}  # numeric list fields -> array typecode
-    # Filled in by _register(): field names in order, and the non-array (scalar) ones.
+    # Derived from the dataclass fields' types by _register() (the schema is written once, as fields):
     FIELD_NAMES: ClassVar[tuple[str, ...]] = ()
-    SCALAR_FIELDS: ClassVar[tuple[str, ...]] = ()
+    """Every field, in order."""
+    ARRAY_FIELDS: ClassVar[dict[str, str]] = {}
+    """Numeric list fields (``tuple[int, ...]``, ``tuple[float, ...]``) -> array typecode (``q``, ``d``)."""
     ARRAY_ITEMS: ClassVar[tuple[tuple[str, str], ...]] = ()
+    SCALAR_FIELDS: ClassVar[tuple[str, ...]] = ()
+    """The fields that are not numeric lists."""
+    STR_FIELDS: ClassVar[tuple[str, ...]] = ()
+    ID_FIELDS: ClassVar[tuple[str, ...]] = ()
+    """String fields that name something (short, non-empty); the others are free text (``TEXT``)."""
+    INT_FIELDS: ClassVar[tuple[str, ...]] = ()
+    FLOAT_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        # peers' and our own values in one canonical form: tuples of exact ints / floats, floats
+        for name, code in self.ARRAY_ITEMS:
+            values = getattr(self, name)
+            object.__setattr__(self, name, tuple(values) if code == "q" else tuple(map(float, values)))
+        for name in self.FLOAT_FIELDS:
+            object.__setattr__(self, name, float(getattr(self, name)))
 
     def content(self) -> dict[str, Any]:
         """The content fields (everything but ``created_at``), with ``kind`` and ``schema_version``."""
@@ -182,8 +198,9 @@ def from_row(kind: str, record_id: str, scalars: Any, arrays: bytes) -> Record:
     return record
 
 
-def _floats(xs: Any) -> tuple[float, ...]:
-    return tuple(map(float, xs))
+TEXT: Mapping[str, Any] = {"text": True}
+"""Field metadata of free-text string fields (bounded by ``max_text_chars``, may be empty)."""
+_ARRAY_CODES = {"tuple[int, ...]": "q", "tuple[float, ...]": "d"}
 
 
 @dataclass(frozen=True)
@@ -197,10 +214,9 @@ class Rollout(_RecordBase):
     """
 
     kind: ClassVar[str] = "rollout"
-    ARRAY_FIELDS: ClassVar[dict[str, str]] = {"token_ids": "q", "logprobs": "d"}
     prompt_id: str
-    prompt: str
-    completion: str
+    prompt: str = field(metadata=TEXT)
+    completion: str = field(metadata=TEXT)
     source_policy: str
     source_tokenizer: str
     token_ids: tuple[int, ...]
@@ -210,19 +226,12 @@ class Rollout(_RecordBase):
     sample_index: int = 0
     created_at: float = field(default_factory=time.time, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "token_ids", tuple(self.token_ids))
-        object.__setattr__(self, "logprobs", _floats(self.logprobs))
-        object.__setattr__(self, "reward", float(self.reward))
-        object.__setattr__(self, "created_at", float(self.created_at))
-
 
 @dataclass(frozen=True)
 class GroupOutcome(_RecordBase):
     """The rewards of one policy's whole group for a prompt (population mean and std)."""
 
     kind: ClassVar[str] = "group_outcome"
-    ARRAY_FIELDS: ClassVar[dict[str, str]] = {"rewards": "d"}
     prompt_id: str
     source_policy: str
     rewards: tuple[float, ...]
@@ -230,12 +239,6 @@ class GroupOutcome(_RecordBase):
     std: float
     version: int
     created_at: float = field(default_factory=time.time, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "rewards", _floats(self.rewards))
-        object.__setattr__(self, "mean", float(self.mean))
-        object.__setattr__(self, "std", float(self.std))
-        object.__setattr__(self, "created_at", float(self.created_at))
 
     @classmethod
     def from_rewards(
@@ -252,16 +255,12 @@ class VerifiedSuccess(_RecordBase):
 
     kind: ClassVar[str] = "verified_success"
     prompt_id: str
-    completion: str
+    completion: str = field(metadata=TEXT)
     source_policy: str
     verifier: str
     score: float
     version: int
     created_at: float = field(default_factory=time.time, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "score", float(self.score))
-        object.__setattr__(self, "created_at", float(self.created_at))
 
 
 Record = Rollout | GroupOutcome | VerifiedSuccess
@@ -295,11 +294,22 @@ def from_dict(d: Mapping[str, Any]) -> Record:
 
 
 def _register() -> None:
+    """Derive every record kind's field tables from its dataclass fields (their declared types)."""
     for cls in RECORD_TYPES.values():
-        names = tuple(f.name for f in dataclasses.fields(cls))
-        cls.FIELD_NAMES = names
-        cls.SCALAR_FIELDS = tuple(n for n in names if n not in cls.ARRAY_FIELDS)
+        fields = dataclasses.fields(cls)
+        types = {f.name: str(f.type) for f in fields}
+        cls.FIELD_NAMES = tuple(f.name for f in fields)
+        cls.ARRAY_FIELDS = {n: _ARRAY_CODES[t] for n, t in types.items() if t in _ARRAY_CODES}
         cls.ARRAY_ITEMS = tuple(cls.ARRAY_FIELDS.items())
+        cls.SCALAR_FIELDS = tuple(n for n in cls.FIELD_NAMES if n not in cls.ARRAY_FIELDS)
+        cls.STR_FIELDS = tuple(n for n, t in types.items() if t == "str")
+        cls.ID_FIELDS = tuple(f.name for f in fields if types[f.name] == "str" and not f.metadata.get("text"))
+        cls.INT_FIELDS = tuple(n for n, t in types.items() if t == "int")
+        cls.FLOAT_FIELDS = tuple(n for n, t in types.items() if t == "float")
+        unknown = set(types) - set(cls.ARRAY_FIELDS) - {*cls.STR_FIELDS, *cls.INT_FIELDS, *cls.FLOAT_FIELDS}
+        if unknown:
+            raise TypeError(f"{cls.__name__}: fields {sorted(unknown)} have no wire type (str, int, float, "
+                            "tuple[int, ...], tuple[float, ...])")
 
 
 _register()

@@ -14,20 +14,6 @@ from mutualrl.experience.limits import (
 )
 from mutualrl.experience.records import GroupOutcome, Record, Rollout, _mean_std
 
-_STR_FIELDS = {
-    "rollout": ("prompt_id", "prompt", "completion", "source_policy", "source_tokenizer"),
-    "group_outcome": ("prompt_id", "source_policy"),
-    "verified_success": ("prompt_id", "completion", "source_policy", "verifier"),
-}
-_ID_FIELDS = ("prompt_id", "source_policy", "source_tokenizer", "verifier")
-_TEXT_FIELDS = ("prompt", "completion")
-_INT_FIELDS = {"rollout": ("version", "sample_index"), "group_outcome": ("version",),
-               "verified_success": ("version",)}
-_FLOAT_FIELDS = {"rollout": ("reward", "created_at"), "group_outcome": ("mean", "std", "created_at"),
-                 "verified_success": ("score", "created_at")}
-_LIST_FIELDS = {"rollout": {"token_ids": int, "logprobs": float}, "group_outcome": {"rewards": float},
-                "verified_success": {}}
-
 
 def _check_text(name: str, s: str, cap: int) -> None:
     if len(s) > cap:
@@ -65,10 +51,9 @@ def validate(record: Record, limits: ExperienceLimits = DEFAULT_LIMITS) -> None:
 
 
 def _validate(record: Record, limits: ExperienceLimits) -> None:
-    kind = record.kind
-    for name in _STR_FIELDS[kind]:
+    for name in record.STR_FIELDS:
         s = getattr(record, name)
-        if name in _ID_FIELDS:
+        if name in record.ID_FIELDS:
             if not s:
                 raise InvalidExperience("empty", f"{name} is empty")
             _check_text(name, s, limits.max_id_chars)
