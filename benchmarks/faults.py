@@ -297,16 +297,16 @@ def hostile_check(work: Path, models: dict[str, Path], steps: int, per_kind: int
     import threading
 
     from mutualrl.algorithms.sharing import OwnGroup, PeerRows, ShareContext, build_batch
-    from mutualrl.config import load_config
     from mutualrl.exchange import open_exchange
     from mutualrl.experience import parse
     from mutualrl.faults import hostile_rows
+    from mutualrl.resolve import load_config
     from mutualrl.worker import PolicyWorker
 
     cfg_d = run_config(models, steps, sharing={"strategy": "xgrpo+sgt"})
     cfg = load_config(cfg_d)
     learner = PolicyWorker(cfg, 0, None)  # policy "a": its limits, tokenizers and verifier
-    peer_tok = next(iter(learner.peer_tokenizers))
+    peer_tok = next(iter(learner.peers.values())).tokenizer_id
     vocab = learner.limits.vocab_sizes[peer_tok]  # type: ignore[index]
     targets = [(p, s) for s in range(steps) for p in learner.task.sample_train(s, cfg.prompts_per_step)]
     rows = hostile_rows(targets, peer_tok, vocab, per_kind=per_kind, impersonate="b", foreign="evil")

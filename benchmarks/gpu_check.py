@@ -112,7 +112,7 @@ def main() -> None:
 
     import torch
 
-    from mutualrl.config import load_config
+    from mutualrl.resolve import load_config
     from mutualrl.trainer import MutualTrainer
 
     dry = args.dry_run

@@ -54,8 +54,8 @@ def main() -> None:
 
     import torch
 
-    from mutualrl.config import load_config
     from mutualrl.report import load_run
+    from mutualrl.resolve import load_config
     from mutualrl.trainer import MutualTrainer
     from mutualrl.zoo import DEFAULT_NAMES, ZOO, build_zoo
 

@@ -143,7 +143,7 @@ def main() -> None:
     if args.one:
         import torch
 
-        from mutualrl.config import load_config
+        from mutualrl.resolve import load_config
         from mutualrl.trainer import MutualTrainer
 
         torch.set_num_threads(1)

@@ -140,7 +140,7 @@ def _config(arm: str, seed: int, args: argparse.Namespace) -> dict:
 def _run_one(args: argparse.Namespace) -> None:
     import torch
 
-    from mutualrl.config import load_config
+    from mutualrl.resolve import load_config
     from mutualrl.trainer import MutualTrainer
 
     arm, seed, d = args.one

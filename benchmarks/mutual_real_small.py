@@ -196,8 +196,8 @@ def _finished(run_dir: Path, cfg: dict[str, Any]) -> tuple[float, Any] | None:
     """(wall time, load average) of a finished run of ``cfg`` in ``run_dir`` (its ``bench_arm.json``),
     else None. Configs are compared as resolved (defaults filled in), so a field spelled out at its
     default value is the same run as one left out."""
-    from mutualrl.config import load_config
     from mutualrl.errors import UserError
+    from mutualrl.resolve import load_config
 
     try:
         rec = json.loads((run_dir / "bench_arm.json").read_text())
@@ -213,9 +213,9 @@ def thl_residual(run_dirs: list[Path]) -> dict[str, Any]:
     """THL's residual of the pair (SmolLM2 -> Gemma-3 and back) on the completions the runs sampled."""
     from transformers import AutoTokenizer
 
-    from mutualrl.config import load_config
     from mutualrl.exchange import open_exchange
     from mutualrl.modelref import resolve_model_path
+    from mutualrl.resolve import load_config
     from mutualrl.tasks.build import build_task
     from mutualrl.thl.align import align_batch
     from mutualrl.thl.residual import pair_report
@@ -264,9 +264,9 @@ def main() -> None:
 
     import torch
 
-    from mutualrl.config import load_config
     from mutualrl.realmodels import prepare_preset
     from mutualrl.report import load_run, summarize, write_report
+    from mutualrl.resolve import load_config
     from mutualrl.trainer import MutualTrainer
 
     torch.set_num_threads(os.cpu_count() or 1)

@@ -6,8 +6,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from mutualrl.errors import UserError
+from mutualrl.paths import METRICS
+from mutualrl.resolve import parse_overrides, resolve, resolve_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,11 +21,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("config", nargs="?", help="YAML run config (omit with --resume)")
     p.add_argument("-o", "--output", help="run directory (default: runs/<config name>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last good checkpoint")
-    p.add_argument("--steps", type=int, help="override the number of steps")
+    p.add_argument("--steps", type=int, help="override the number of steps (also when resuming: run further)")
     p.add_argument("--strategy", help="override sharing.strategy (independent, prp, xgrpo, sgt, a+b)")
     p.add_argument("--seed", type=int, help="override the seed")
     p.add_argument("--scheduler", choices=["sequential", "local", "ray"], help="override the scheduler")
     p.add_argument("--workers", type=int, choices=[1], help="--workers 1 runs every policy in this process")
+    p.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                   help="override any config field by its dotted path, e.g. --set policies.0.grpo.learning_rate=3e-5 "
+                   "(repeatable). With --resume only steps, step_timeout_s and report_to may change; any other "
+                   "override is refused (exit 2), never dropped")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
@@ -53,55 +60,36 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_tasks)
 
 
+def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The config overrides a ``train`` command line asks for, as dotted paths (``--set`` and the
+    shortcut flags, which name their fields: ``--seed`` is ``seed``, ``--strategy`` is
+    ``sharing.strategy``)."""
+    overrides = parse_overrides(args.set or [])
+    for flag, key in (("steps", "steps"), ("seed", "seed"), ("scheduler", "scheduler"),
+                      ("strategy", "sharing.strategy")):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides[key] = value
+    if args.workers == 1:
+        overrides["scheduler"] = "sequential"
+    return overrides
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from mutualrl.trainer import MutualTrainer
 
-    overrides: dict = {}
-    if args.steps is not None:
-        if args.steps < 1:
-            raise UserError(f"--steps must be a positive integer, got {args.steps}")
-        overrides["steps"] = args.steps
-    if args.seed is not None:
-        overrides["seed"] = args.seed
-    if args.scheduler:
-        overrides["scheduler"] = args.scheduler
-    if args.workers == 1:
-        overrides["scheduler"] = "sequential"
+    overrides = train_overrides(args)
     if args.resume:
-        run_dir = Path(args.resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise UserError(f"cannot resume: {str(run_dir)!r} is not a mutualrl run directory (no config.yaml)")
         if args.config:
             raise UserError("give either CONFIG or --resume RUN_DIR, not both (a resumed run keeps its config)")
-        import yaml
-
-        from mutualrl.config import load_config
-
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
-        if "steps" in overrides:
-            data["steps"] = overrides["steps"]
-        cfg = load_config(data)
-        trainer = MutualTrainer(cfg, run_dir, resume=True, progress=not args.no_progress)
+        run_dir = Path(args.resume)
+        trainer = MutualTrainer(resolve_run(run_dir, overrides), run_dir, resume=True, progress=not args.no_progress)
     else:
         if not args.config:
             raise UserError("give a CONFIG.yaml to train (or --resume RUN_DIR)")
-        if args.strategy:
-            import yaml
-
-            p = Path(args.config)
-            if not p.is_file():
-                raise UserError(f"config file {args.config!r} does not exist")
-            data = yaml.safe_load(p.read_text()) or {}
-            data.setdefault("sharing", {})["strategy"] = args.strategy
-            from mutualrl.config import load_config
-
-            cfg = load_config(data, overrides=overrides)
-        else:
-            from mutualrl.config import load_config
-
-            cfg = load_config(args.config, overrides=overrides)
-        out = Path(args.output or cfg.output_dir or Path("runs") / Path(args.config).stem)
-        trainer = MutualTrainer(cfg, out, progress=not args.no_progress)
+        plan = resolve(args.config, overrides)
+        out = Path(args.output or plan.config.output_dir or Path("runs") / Path(args.config).stem)
+        trainer = MutualTrainer(plan, out, progress=not args.no_progress)
     summary = trainer.train()
     print(json.dumps(summary, indent=1))
     print(f"run directory: {trainer.run_dir}")
@@ -109,23 +97,18 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    import yaml
-
-    from mutualrl.config import load_config
-    from mutualrl.trainer import latest_checkpoint
+    from mutualrl.checkpoint import latest_checkpoint
     from mutualrl.worker import PolicyWorker
 
     run_dir = Path(args.run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise UserError(f"{str(run_dir)!r} is not a mutualrl run directory (no config.yaml)")
-    cfg = load_config(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    plan = resolve_run(run_dir)
     ck = latest_checkpoint(run_dir)
     if ck is None:
         raise UserError(f"run {str(run_dir)!r} has no complete checkpoint yet")
     results = {}
-    for i, p in enumerate(cfg.policies):
-        w = PolicyWorker(cfg, i, None)
-        w.load(ck / p.name)
+    for i, p in enumerate(plan.config.policies):
+        w = PolicyWorker(plan, i, None)
+        w.load(str(ck / p.name))
         results[p.name] = w.evaluate(args.size)
         w.close()
     print(json.dumps({"checkpoint": str(ck), "results": results}, indent=1))
@@ -149,7 +132,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     dirs = [Path(d) for d in args.run_dirs]
     for d in dirs:
-        if not (d / "metrics.jsonl").is_file():
+        if not (d / METRICS).is_file():
             raise UserError(f"{str(d)!r} is not a run directory with metrics.jsonl")
     path = write_report(dirs, Path(args.output))
     print(f"report: {path}")

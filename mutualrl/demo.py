@@ -46,8 +46,8 @@ def run_demo(out: Path, *, quick: bool = False, arms: list[str] | None = None, s
              steps: int | None = None, force: bool = False, progress: bool = True) -> Path:
     """Run the demo into ``out``; return the report path."""
     from mutualrl.algorithms.sharing import check_strategy_name
-    from mutualrl.config import load_config
     from mutualrl.report import write_report
+    from mutualrl.resolve import load_config
     from mutualrl.trainer import MutualTrainer
     from mutualrl.zoo import build_zoo
 

@@ -29,6 +29,7 @@ from mutualrl.config import GenerationConfig, GRPOOptions, PeftConfig
 from mutualrl.devices import cpu_has_native_bf16, resolve_dtype
 from mutualrl.engines.base import GenerationEngine, SamplingParams, cache_kwarg, dedupe_prompts, left_pad
 from mutualrl.engines.head import HEAD_BLOCK_COLUMNS, decoder_and_head
+from mutualrl.thl.peer import stop_ids_of
 
 LOGITS_BUDGET = 1 << 25
 """Most logits (elements) the training forward holds at once: 32 M floats, 128 MiB in fp32."""
@@ -106,6 +107,65 @@ def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Te
     return torch.cat(parts).reshape(b, n)
 
 
+def format_prompt(template: str, system_prompt: str | None, tokenizer: Any, question: str) -> str:
+    """The prompt text of ``question`` under a policy's ``prompt_template`` (a format string with
+    ``{question}``, or ``chat``: the tokenizer's chat template with an optional system prompt)."""
+    if template == "chat":
+        msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
+        msgs.append({"role": "user", "content": question})
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    return template.format(question=question)
+
+
+def generation_stop_ids(generation_config: Any) -> list[int]:
+    """The ``eos_token_id`` entries of a generation config (an int, a list or none)."""
+    eos = getattr(generation_config, "eos_token_id", None)
+    if isinstance(eos, int):
+        return [eos]
+    return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else []
+
+
+def model_stop_ids(model_path: str, tokenizer: Any) -> frozenset[int]:
+    """The ids a model stops on, read from its directory without loading the weights: its
+    tokenizer's EOS plus its generation config's (Gemma-3: ``<end_of_turn>`` too)."""
+    from transformers import AutoConfig
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    try:
+        gen = HFGenerationConfig.from_pretrained(model_path)
+    except (OSError, ValueError):
+        try:
+            gen = HFGenerationConfig.from_model_config(AutoConfig.from_pretrained(model_path))
+        except (OSError, ValueError):
+            gen = None
+    return stop_ids_of(tokenizer, generation_stop_ids(gen))
+
+
+DROPOUT_ATTRIBUTES = ("attention_dropout", "attn_dropout", "dropout", "hidden_dropout", "resid_dropout")
+"""Float attributes through which some architectures (Llama, Qwen2, Gemma, ...) apply dropout
+functionally instead of through an ``nn.Dropout`` module."""
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Switch every dropout of ``model`` off (TRL's ``disable_dropout``); returns how many were on.
+
+    RL compares the trainer's log-probs with the sampler's: dropout active in the training forward
+    makes them differ by chance (up to 0.15 nats at p = 0.1), which the PPO ratio then reads as a
+    policy change. ``nn.Dropout`` modules get ``p = 0``; float dropout attributes of modules are set
+    to 0 as well."""
+    n = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            n += module.p > 0
+            module.p = 0.0
+        for attr in DROPOUT_ATTRIBUTES:
+            v = getattr(module, attr, None)
+            if isinstance(v, float) and not isinstance(v, bool):
+                n += v > 0
+                setattr(module, attr, 0.0)
+    return n
+
+
 class Policy:
     """A trainable causal LM with its tokenizer, optimizer, sampler and optional reference.
 
@@ -144,15 +204,11 @@ class Policy:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         model.config.use_cache = True
+        disable_dropout(model)
         tok = self.tokenizer
         if tok.eos_token_id is None:
             raise ValueError(f"tokenizer of {model_path!r} has no EOS token; generation could never stop")
-        self.eos_ids = {tok.eos_token_id}
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        if isinstance(gen_eos, int):
-            self.eos_ids.add(gen_eos)
-        elif isinstance(gen_eos, list):
-            self.eos_ids.update(gen_eos)
+        self.eos_ids = set(stop_ids_of(tok, generation_stop_ids(getattr(model, "generation_config", None))))
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         if options.gradient_checkpointing:  # transformers >= 5.20 renamed it
             if hasattr(model, "activation_checkpointing_enable"):
@@ -224,11 +280,7 @@ class Policy:
 
     def format_prompt(self, question: str) -> str:
         """The prompt text for ``question`` (template or chat template)."""
-        if self.prompt_template == "chat":
-            msgs = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
-            msgs.append({"role": "user", "content": question})
-            return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        return self.prompt_template.format(question=question)
+        return format_prompt(self.prompt_template, self.system_prompt, self.tokenizer, question)
 
     def encode_prompt(self, question: str) -> list[int]:
         """Token ids of the prompt for ``question`` (BOS per the tokenizer; no EOS)."""

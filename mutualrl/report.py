@@ -14,23 +14,26 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import yaml
+from mutualrl.paths import METRICS, SUMMARY
+from mutualrl.resolve import run_config
 
+THL_KEYS = ("prp_thl_non1to1_char_frac", "prp_thl_noncanonical")
+"""The per-step THL residual metrics a run logs when it aligns peer rollouts (PRP)."""
 ARM_ORDER = ["independent", "prp", "xgrpo", "sgt", "xgrpo+sgt", "prp+sgt"]
 
 
 def load_run(run_dir: Path) -> dict[str, Any]:
     """Read a run directory: its config, eval rows and per-step rows."""
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg = run_config(run_dir)
     evals, steps = [], []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+    for line in (run_dir / METRICS).read_text().splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
         (evals if row.get("event") == "eval" else steps).append(row)
-    return {"dir": str(run_dir), "strategy": cfg["sharing"]["strategy"], "seed": cfg["seed"],
-            "policies": [p["name"] for p in cfg["policies"]], "evals": evals, "steps": steps}
+    return {"dir": str(run_dir), "strategy": cfg.sharing.strategy, "seed": cfg.seed,
+            "policies": [p.name for p in cfg.policies], "evals": evals, "steps": steps}
 
 
 def _series(rows: list[dict[str, Any]], policy: str, key: str) -> tuple[list[int], list[float]]:
@@ -59,12 +62,7 @@ def skills(run: dict[str, Any]) -> list[str]:
 
 def weak_skill(run: dict[str, Any], policy: str) -> str | None:
     """The task type ``policy`` was worst at in the run's first evaluation."""
-    first = [r for r in run["evals"] if r["policy"] == policy]
-    if not first:
-        return None
-    r0 = min(first, key=lambda r: r["step"])
-    per = {k.split("/", 1)[1]: v for k, v in r0.items() if k.startswith("test_acc/")}
-    return min(per, key=per.get) if len(per) > 1 else None
+    return own_and_weak(run, policy)[1]
 
 
 def _stat(values: list[float]) -> dict[str, Any]:
@@ -81,7 +79,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for arm, rs in arms.items():
         init, finals, bests, gains = [], [], [], []
-        pol: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        pol: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))  # policy -> key -> values
         for r in rs:
             _, avg = _series(r["evals"], "average", "test_acc")
             if not avg:
@@ -102,8 +100,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                     if ks:
                         pol[p][f"initial/{sk}"].append(ks[0])
                         pol[p][f"final/{sk}"].append(ks[-1])
-                pol[p]["sgt_rescue_rows"].append(float(sum(s.get("sgt_rescue", 0) for s in r["steps"]
-                                                           if s["policy"] == p)))
+                own_steps = [s for s in r["steps"] if s["policy"] == p]
+                pol[p]["sgt_rescue_rows"].append(float(sum(s.get("sgt_rescue", 0) for s in own_steps)))
+                pol[p]["rows_used_per_step"].append(
+                    statistics.fmean(s.get("peer_rows", 0) for s in own_steps) if own_steps else 0.0)
+                for key in THL_KEYS:
+                    vals = [s[key] for s in own_steps if key in s]
+                    if vals:
+                        pol[p][key].append(statistics.fmean(vals))
         if not finals:
             continue
         entry: dict[str, Any] = {
@@ -118,6 +122,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         entry["per_policy_skill_final"] = {p: {k.split("/", 1)[1]: _stat(x) for k, x in v.items()
                                                if k.startswith("final/")} for p, v in pol.items()}
         entry["sgt_rescue_rows"] = {p: _stat(v["sgt_rescue_rows"]) for p, v in pol.items()}
+        entry["rows_used_per_step"] = {p: _stat(v["rows_used_per_step"]) for p, v in pol.items()}
+        entry["thl_residual"] = {p: {k: _stat(v[k]) for k in THL_KEYS if v.get(k)} for p, v in pol.items()}
         out[arm] = entry
     return out
 
@@ -189,6 +195,56 @@ def _pm(s: dict[str, Any], scale: float = 1.0, fmt: str = ".3f") -> str:
     return f"{scale * s['mean']:{fmt}} ± {scale * s['std']:{fmt}}"
 
 
+def own_and_weak(run: dict[str, Any], policy: str) -> tuple[str | None, str | None]:
+    """``policy``'s own skill (its best task type at the run's first evaluation) and weak skill (its worst)."""
+    first = [r for r in run["evals"] if r["policy"] == policy]
+    if not first:
+        return None, None
+    r0 = min(first, key=lambda r: r["step"])
+    per = {k.split("/", 1)[1]: v for k, v in r0.items() if k.startswith("test_acc/")}
+    if len(per) < 2:
+        return None, None
+    return max(per, key=per.get), min(per, key=per.get)
+
+
+def transfer_section(summary: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
+    """What each sharing arm did against independent on the same seeds, per policy and skill: the
+    gain on the weak skill (what the peers gave), the cost on the own skill (what it paid), peer rows
+    used per step and the THL residual of the rows it aligned."""
+    base = summary.get("independent")
+    arms = [a for a in _order(summary) if a != "independent"]
+    if base is None or not arms:
+        return []
+    lines = ["", "## What sharing did (against independent, same seeds)", "",
+             ("Per policy: the weak skill is its worst task type at step 0 (what a peer can give), the own "
+              "skill its best (what sharing may cost); Δ is the arm's final accuracy minus independent's, in "
+              "points (mean over seeds; every seed's value in summary.json)."), "",
+             "| arm | policy | weak skill Δ (gain) | own skill Δ (cost) | peer rows / step | THL residual |",
+             "|---|---|---|---|---|---|"]
+    for a in arms:
+        s = summary[a]
+        for p in runs[0]["policies"]:
+            own, weak = own_and_weak(runs[0], p)
+            if own is None or weak is None:
+                continue
+            rows = s.get("rows_used_per_step", {}).get(p, {}).get("mean", 0.0)
+            thl = s.get("thl_residual", {}).get(p, {})
+            res = (f"{100 * thl['prp_thl_non1to1_char_frac']['mean']:.1f} % non-1:1 text, "
+                   f"{100 * thl['prp_thl_noncanonical']['mean']:.1f} % non-canonical"
+                   if "prp_thl_non1to1_char_frac" in thl and "prp_thl_noncanonical" in thl else "—")
+            lines.append(f"| {a} | {p} | {_skill_delta(s, base, p, weak)} | {_skill_delta(s, base, p, own)} | "
+                         f"{rows:.1f} | {res} |")
+    return lines
+
+
+def _skill_delta(arm: dict[str, Any], base: dict[str, Any], policy: str, skill: str) -> str:
+    """``+3.2 (sub)``: the arm's final accuracy on ``skill`` minus the baseline's, in points."""
+    a, b = arm["per_policy_skill_final"].get(policy, {}), base["per_policy_skill_final"].get(policy, {})
+    if skill not in a or skill not in b:
+        return "n/a"
+    return f"{100 * (a[skill]['mean'] - b[skill]['mean']):+.1f} ({skill})"
+
+
 def write_report(run_dirs: list[Path], out_dir: Path, title: str = "mutualrl comparison",
                  notes: list[str] | None = None) -> Path:
     """Write ``report.md``, ``curves.png`` and ``summary.json`` into ``out_dir``."""
@@ -196,7 +252,7 @@ def write_report(run_dirs: list[Path], out_dir: Path, title: str = "mutualrl com
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(runs)
     plot(runs, out_dir / "curves.png")
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out_dir / SUMMARY).write_text(json.dumps(summary, indent=1))
     arms = _order(summary)
     policies = runs[0]["policies"]
     types = skills(runs[0])
@@ -223,6 +279,7 @@ def write_report(run_dirs: list[Path], out_dir: Path, title: str = "mutualrl com
                 ini, fin = s["per_policy_skill_initial"].get(p, {}), s["per_policy_skill_final"].get(p, {})
                 cells = [f"{ini[t]['mean']:.3f} → {fin[t]['mean']:.3f}" if t in fin else "n/a" for t in types]
                 lines.append(f"| {a} | {p} | " + " | ".join(cells) + f" | {s['sgt_rescue_rows'][p]['mean']:.0f} |")
+    lines += transfer_section(summary, runs)
     lines += ["", "![curves](curves.png)", "",
               ("Test accuracy is greedy exact match on the same held-out problems for every policy and arm; the "
                "middle row is each policy's weak skill (its worst task type at step 0); train reward is the mean "

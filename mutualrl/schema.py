@@ -2,7 +2,9 @@
 
 :func:`build` walks a dataclass's type hints: unknown fields get a "did you mean" hint, values of
 the wrong type name the expected type and show the value. Nested dataclasses, lists, optional
-and ``Literal`` fields are supported.
+and ``Literal`` fields are supported. A numeric field declares its own bounds with
+:func:`bounded` (``field(default=..., metadata=bounds(ge=...))``), and :func:`check_bounds` checks
+a whole tree of dataclasses against them, naming the dotted path of the first value outside.
 """
 
 from __future__ import annotations
@@ -80,6 +82,71 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             raise ConfigError(path, f"expected a string, got {value!r}")
         return value
     return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """The range a numeric field must lie in: ``ge``/``gt`` below, ``le``/``lt`` above (None: open)."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def violation(self, value: float) -> str | None:
+        """What is wrong with ``value`` ("must be >= 2"), or None."""
+        for _, limit, ok in ((">=", self.ge, lambda v, x: v >= x), (">", self.gt, lambda v, x: v > x),
+                              ("<=", self.le, lambda v, x: v <= x), ("<", self.lt, lambda v, x: v < x)):
+            if limit is not None and not ok(value, limit):
+                return f"must be {self.describe()}, got {value!r}"
+        return None
+
+    def describe(self) -> str:
+        """The range in words, e.g. ``in (0, 1]`` or ``>= 2``."""
+        lo = ("[", self.ge) if self.ge is not None else ("(", self.gt) if self.gt is not None else None
+        hi = ("]", self.le) if self.le is not None else (")", self.lt) if self.lt is not None else None
+        if lo and hi:
+            return f"in {lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}"
+        if lo:
+            return f"{'>=' if lo[0] == '[' else '>'} {_num(lo[1])}"
+        if hi:
+            return f"{'<=' if hi[0] == ']' else '<'} {_num(hi[1])}"
+        return "any number"
+
+
+def _num(x: float | None) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def bounds(*, ge: float | None = None, gt: float | None = None, le: float | None = None,
+           lt: float | None = None) -> dict[str, Bounds]:
+    """Field metadata declaring a numeric field's range: ``field(default=8, metadata=bounds(ge=2))``."""
+    return {"bounds": Bounds(ge, gt, le, lt)}
+
+
+def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None) -> Any:
+    """A dataclass field with a default and declared bounds (None values are never checked)."""
+    return dataclasses.field(default=default, metadata=bounds(ge=ge, gt=gt, le=le, lt=lt))
+
+
+def check_bounds(obj: Any, path: str = "") -> None:
+    """Check every bounded field of dataclass ``obj`` and of the dataclasses under it (in fields and
+    lists); raise :class:`ConfigError` naming the dotted path of the first value outside its range."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        sub = f"{path}.{f.name}" if path else f.name
+        b = f.metadata.get("bounds")
+        if b is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            problem = b.violation(value)
+            if problem:
+                raise ConfigError(sub, problem)
+        if dataclasses.is_dataclass(value):
+            check_bounds(value, sub)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    check_bounds(item, f"{sub}[{i}]")
 
 
 def build(cls: type, data: Any, path: str = "") -> Any:

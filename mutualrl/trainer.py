@@ -28,8 +28,11 @@ from mutualrl.checkpoint import (
     latest_checkpoint,
     read_state,
 )
-from mutualrl.config import RunConfig, load_config
+from mutualrl.config import RunConfig
 from mutualrl.errors import UserError
+from mutualrl.paths import METRICS, POLICIES_INFO, RUN_CONFIG, SUMMARY
+from mutualrl.resolve import RunPlan, resolve
+from mutualrl.worker_api import WorkerAPI
 
 __all__ = ["CHECKPOINTS", "LATEST", "MutualTrainer", "latest_checkpoint"]
 
@@ -41,7 +44,8 @@ class MutualTrainer:
     """Train K >= 1 policies together.
 
     Args:
-        config: a :class:`RunConfig`, a dict or a YAML path.
+        config: a :class:`~mutualrl.resolve.RunPlan` (from :func:`~mutualrl.resolve.resolve`), or what
+            it resolves: a :class:`RunConfig`, a dict or a YAML path.
         run_dir: where the run writes (config, metrics, checkpoints, exchange). ``None`` keeps
             everything in memory (no checkpoints).
         resume: continue the run in ``run_dir`` from its last good checkpoint.
@@ -49,9 +53,10 @@ class MutualTrainer:
         progress: show a progress bar.
     """
 
-    def __init__(self, config: RunConfig | dict | str | Path, run_dir: str | Path | None = None, *,
+    def __init__(self, config: RunPlan | RunConfig | dict | str | Path, run_dir: str | Path | None = None, *,
                  resume: bool = False, scheduler: Scheduler | None = None, progress: bool = True) -> None:
-        self.cfg = config if isinstance(config, RunConfig) else load_config(config)
+        self.plan = resolve(config)
+        self.cfg = self.plan.config
         self.run_dir = Path(run_dir) if run_dir else None
         self.resume = resume
         self.progress = progress
@@ -68,7 +73,7 @@ class MutualTrainer:
         if d is None:
             return
         if self.resume:
-            if not (d / "config.yaml").is_file() or not (d / CHECKPOINTS).is_dir():
+            if not (d / RUN_CONFIG).is_file() or not (d / CHECKPOINTS).is_dir():
                 raise UserError(f"cannot resume: {str(d)!r} is not a mutualrl run directory "
                                 "(no config.yaml and checkpoints/)")
             return
@@ -82,29 +87,7 @@ class MutualTrainer:
         self._created_run_dir = not d.exists()
         d.mkdir(parents=True, exist_ok=True)
         (d / CHECKPOINTS).mkdir(exist_ok=True)
-        _atomic_write(d / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
-
-    def preflight(self) -> None:
-        """Check what only shows when it is read (data files, model directories) before anything
-        is written, so that bad input fails with a :class:`UserError` and leaves no run behind."""
-        from mutualrl.tasks.build import build_task
-
-        try:
-            build_task(self.cfg.task)
-        except (ValueError, OSError) as exc:
-            raise UserError(f"task: {exc}") from None
-        for i, pol in enumerate(self.cfg.policies):
-            ref = pol.model
-            if ref.startswith(("zoo:", "real:")) or Path(ref).expanduser().is_dir():
-                continue  # zoo/real refs are built or located on demand; directories were validated
-            try:
-                from transformers import AutoConfig
-
-                AutoConfig.from_pretrained(ref)
-            except (OSError, ValueError) as exc:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise UserError(f"config error at 'policies[{i}].model': {ref!r} is neither a local model "
-                                f"directory nor a model id that can be loaded ({first})") from None
+        _atomic_write(d / RUN_CONFIG, yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
 
     def _undo_init_files(self) -> None:
         """A fresh run that failed to start leaves nothing behind (it had not trained)."""
@@ -117,7 +100,7 @@ class MutualTrainer:
         from mutualrl.exchange.url import ExchangeURL
 
         own_db = ExchangeURL.for_run("sqlite", d).side_files() if self.cfg.exchange == "sqlite" else []
-        for p in [d / CHECKPOINTS, d / "config.yaml", *own_db]:
+        for p in [d / CHECKPOINTS, d / RUN_CONFIG, *own_db]:
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
             else:
@@ -127,7 +110,7 @@ class MutualTrainer:
         self.history.extend(rows)
         if self.run_dir is None:
             return
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
+        with open(self.run_dir / METRICS, "a", encoding="utf-8") as fh:
             fh.writelines(json.dumps(r, sort_keys=True) + "\n" for r in rows)
             fh.flush()
             os.fsync(fh.fileno())
@@ -149,10 +132,10 @@ class MutualTrainer:
 
         def write_policies(tmp: Path) -> list[str]:
             for i, pol in enumerate(self.cfg.policies):
-                self.scheduler.call_one(i, "save", str(tmp / pol.name))
+                self.scheduler.call_one(i, WorkerAPI.save, str(tmp / pol.name))
             return [p.name for p in self.cfg.policies]
 
-        position = self.scheduler.call_one(0, "exchange_position")
+        position = self.scheduler.call_one(0, WorkerAPI.exchange_position)
         return self.checkpoints.save(step, write_policies, {"exchange_position": int(position)})
 
     def _restore(self) -> None:
@@ -161,7 +144,7 @@ class MutualTrainer:
         ck = self.checkpoints.latest()
         if ck is None:
             self.start_step = 0
-            self.scheduler.call_one(0, "exchange_discard_after", 0)
+            self.scheduler.call_one(0, WorkerAPI.exchange_discard_after, 0)
             self._truncate_metrics(0)
             return
         state = read_state(ck)
@@ -170,15 +153,15 @@ class MutualTrainer:
         if list(state.get("policies", names)) != names:
             raise UserError(f"checkpoint {ck} holds policies {state.get('policies')}, the config lists {names}")
         for i, pol in enumerate(self.cfg.policies):
-            self.scheduler.call_one(i, "load", str(ck / pol.name))
-        self.scheduler.call_one(0, "exchange_discard_after", int(state["exchange_position"]))
+            self.scheduler.call_one(i, WorkerAPI.load, str(ck / pol.name))
+        self.scheduler.call_one(0, WorkerAPI.exchange_discard_after, int(state["exchange_position"]))
         self.start_step = int(state["next_step"])
         self._truncate_metrics(self.start_step)
 
     def _truncate_metrics(self, next_step: int) -> None:
         """Drop metric lines of steps after the checkpoint (they will be redone)."""
         assert self.run_dir is not None
-        path = self.run_dir / "metrics.jsonl"
+        path = self.run_dir / METRICS
         if not path.is_file():
             return
         keep = []
@@ -195,7 +178,7 @@ class MutualTrainer:
 
     # ------------------------------------------------------------------ the loop
     def evaluate(self, step: int) -> list[dict[str, Any]]:
-        res = self.scheduler.call("evaluate", self.cfg.eval_size)
+        res = self.scheduler.call(WorkerAPI.evaluate, self.cfg.eval_size)
         rows = [{"step": step, "policy": p.name, "event": "eval", **r} for p, r in zip(self.cfg.policies, res)]
         self._log(rows)
         return rows
@@ -206,10 +189,11 @@ class MutualTrainer:
         self._tb = None
         t_start = time.perf_counter()
         if self.run_dir is not None and not self.resume:
-            self.preflight()
+            # what only shows when read (data files, hub ids) fails here, before anything is written
+            self.plan = resolve(self.plan, read_data=True)
             self._init_files()
         try:
-            infos = self.scheduler.start(cfg, self.run_dir)
+            infos = self.scheduler.start(self.plan, self.run_dir)
         except BaseException:
             self.scheduler.close()
             self._undo_init_files()
@@ -225,7 +209,7 @@ class MutualTrainer:
                 except ImportError:
                     self._tb = None
             if self.run_dir is not None and self.start_step == 0:
-                _atomic_write(self.run_dir / "policies.json", json.dumps(infos, indent=1))
+                _atomic_write(self.run_dir / POLICIES_INFO, json.dumps(infos, indent=1))
             self._loop(t_start)
         except WorkerFailed as exc:
             ck = latest_checkpoint(self.run_dir) if self.run_dir else None
@@ -272,9 +256,9 @@ class MutualTrainer:
             if step % cfg.eval_every == 0:
                 bar.set_eval(self.evaluate(step))
             t0 = time.perf_counter()
-            roll = self.scheduler.call("rollout", step)
+            roll = self.scheduler.call(WorkerAPI.rollout, step)
             t1 = time.perf_counter()
-            upd = self.scheduler.call("update", step)
+            upd = self.scheduler.call(WorkerAPI.update, step)
             t2 = time.perf_counter()
             rows = [{"step": step, "policy": p.name, **r, **u, "step_rollout_s": t1 - t0, "step_update_s": t2 - t1,
                      "step_s": t2 - t0} for p, r, u in zip(cfg.policies, roll, upd, strict=True)]
@@ -285,22 +269,36 @@ class MutualTrainer:
 
         Each worker runs rollout(s) -> update(s) -> rollout(s+1) ... and may start step ``s`` while
         the slowest worker has completed ``lo`` steps only if ``s - lo <= sharing.max_staleness``;
-        its queries ignore peer rows older than that. Evaluation and checkpoint steps are barriers
-        (nobody starts one before everyone reached it), so checkpoints stay exact. A step is logged
-        once every policy finished it.
+        its queries ignore peer rows older than that. When the strategy shares, a worker's update
+        of step ``s`` waits until every peer has published its rollouts of step ``s`` (a stalled
+        peer fails the run after ``step_timeout_s``), so sharing stays two-way and independent of
+        timing: what a faster policy gains is that its next rollout overlaps a slower peer's
+        update. Evaluation and checkpoint steps are barriers (nobody starts one before everyone
+        reached it), so checkpoints stay exact. A step is logged once every policy finished it.
         """
+        from mutualrl.algorithms.sharing import parse_strategy
+
         cfg, sch = self.cfg, self.scheduler
         names = [p.name for p in cfg.policies]
         k_pol, stale, steps = len(names), cfg.sharing.max_staleness, cfg.steps
+        wait_for_peers = parse_strategy(cfg.sharing.strategy).shares
         done = [self.start_step] * k_pol
         phase: list[str | None] = [None] * k_pol
         started = [0.0] * k_pol
         roll_res: dict[int, tuple[dict[str, Any], float]] = {}
+        rolled: dict[int, set[int]] = {}
         finished: dict[int, dict[int, dict[str, Any]]] = {}
         settled = self.start_step
 
         def barrier(s: int) -> bool:
             return s % cfg.eval_every == 0 or s % cfg.checkpoint_every == 0
+
+        def start_updates() -> None:
+            for j in range(k_pol):
+                s = done[j]
+                if phase[j] == "wait" and (not wait_for_peers or len(rolled.get(s, ())) == k_pol):
+                    phase[j] = "update"
+                    sch.submit(j, WorkerAPI.update, s)
 
         if settled < steps and settled % cfg.eval_every == 0:
             bar.set_eval(self.evaluate(settled))
@@ -312,16 +310,17 @@ class MutualTrainer:
                     continue
                 started[i] = time.perf_counter()
                 phase[i] = "rollout"
-                sch.submit(i, "rollout", s)
-            if not any(phase):
+                sch.submit(i, WorkerAPI.rollout, s)
+            if not any(p in ("rollout", "update") for p in phase):
                 break
             i, res = sch.collect(cfg.step_timeout_s)
             s = done[i]
             now = time.perf_counter()
             if phase[i] == "rollout":
                 roll_res[i] = (res, now - started[i])
-                phase[i] = "update"
-                sch.submit(i, "update", s)
+                rolled.setdefault(s, set()).add(i)
+                phase[i] = "wait"
+                start_updates()
                 continue
             roll, roll_s = roll_res.pop(i)
             finished.setdefault(s, {})[i] = {"step": s, "policy": names[i], **roll, **res, "step_rollout_s": roll_s,
@@ -332,6 +331,7 @@ class MutualTrainer:
             while settled < min(done):
                 self._step_done(settled, [finished[settled][j] for j in range(k_pol)], bar)
                 del finished[settled]
+                rolled.pop(settled, None)
                 settled += 1
                 if settled < steps and settled % cfg.eval_every == 0:
                     bar.set_eval(self.evaluate(settled))
@@ -345,5 +345,5 @@ class MutualTrainer:
                 out["policies"][p.name] = {"test_acc_initial": ev[0]["test_acc"], "test_acc_final": ev[-1]["test_acc"],
                                            "test_acc_best": max(r["test_acc"] for r in ev)}
         if self.run_dir is not None:
-            _atomic_write(self.run_dir / "summary.json", json.dumps(out, indent=1))
+            _atomic_write(self.run_dir / SUMMARY, json.dumps(out, indent=1))
         return out

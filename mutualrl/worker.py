@@ -12,6 +12,7 @@ import functools
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,14 @@ import numpy as np
 import torch
 
 from mutualrl.algorithms.schedule import learning_rate_at
-from mutualrl.algorithms.sharing import OwnGroup, PeerRows, ShareContext, build_batch, parse_strategy
+from mutualrl.algorithms.sharing import (
+    OwnGroup,
+    PastFailure,
+    PeerRows,
+    ShareContext,
+    build_batch,
+    parse_strategy,
+)
 from mutualrl.algorithms.update import train_on_batch
 from mutualrl.checkpoint import load_policy_state, save_policy_state
 from mutualrl.config import RunConfig
@@ -29,10 +37,29 @@ from mutualrl.experience import ExperienceLimits, GroupOutcome, Rollout, Verifie
 from mutualrl.faults import fault_point, log_acknowledged
 from mutualrl.heap import retain_freed_memory
 from mutualrl.modelref import resolve_model_path
-from mutualrl.policy import Policy
+from mutualrl.policy import Policy, format_prompt, model_stop_ids, tokenizer_fingerprint
 from mutualrl.quiet import silence_transformers
+from mutualrl.resolve import RunPlan, plan_of
 from mutualrl.tasks.base import Problem
 from mutualrl.tasks.build import build_task, eval_problems
+from mutualrl.thl.peer import PeerTrace, peer_trace, represents
+from mutualrl.worker_api import WorkerAPI
+
+
+@dataclass(frozen=True)
+class PeerView:
+    """What a learner knows of one peer policy: enough to read its rollouts in the peer's terms."""
+
+    name: str
+    tokenizer: Any
+    tokenizer_id: str
+    stop_ids: frozenset[int]
+    prompt_template: str
+    system_prompt: str | None
+
+    def format_prompt(self, question: str) -> str:
+        """The peer's prompt text for ``question``."""
+        return format_prompt(self.prompt_template, self.system_prompt, self.tokenizer, question)
 
 
 def _numerics(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -47,15 +74,18 @@ def _numerics(method: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-class PolicyWorker:
-    """Owns one policy and does its part of every step."""
+class PolicyWorker(WorkerAPI):
+    """Owns one policy and does its part of every step (the :class:`~mutualrl.worker_api.WorkerAPI`
+    its scheduler calls; nothing else of it is remotely callable)."""
 
-    def __init__(self, cfg: RunConfig, index: int, run_dir: str | Path | None = None,
-                 exchange: Any | None = None, threads: int | None = None, device: str | None = None) -> None:
+    def __init__(self, plan: RunPlan | RunConfig, index: int, run_dir: str | Path | None = None,
+                 exchange: Any | None = None) -> None:
         from mutualrl.exchange import ExchangeURL, open_exchange
 
-        if threads:
-            torch.set_num_threads(threads)
+        plan = plan if isinstance(plan, RunPlan) else plan_of(plan)
+        cfg, spec = plan.config, plan.workers[index]
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
         if cfg.retain_freed_memory:
             retain_freed_memory()
         silence_transformers()
@@ -64,19 +94,19 @@ class PolicyWorker:
         self.pcfg = cfg.policies[index]
         self.name = self.pcfg.name
         self.run_dir = Path(run_dir) if run_dir else None
-        self.options = cfg.policy_grpo(index)
+        self.options = spec.options
         seed = cfg.seed * 1009 + index
         torch.manual_seed(seed)
         self.task = build_task(cfg.task)
-        self.device = resolve_device(self.pcfg.device, cfg.device, device)
+        self.device = spec.device or resolve_device(self.pcfg.device, cfg.device)
         self.policy = Policy(self.name, resolve_model_path(self.pcfg.model), self.options,
                              prompt_template=self.pcfg.prompt_template, system_prompt=self.pcfg.system_prompt,
                              seed=seed, device=self.device, peft=self.pcfg.peft, generation=self.pcfg.generation)
         if cfg.sharing.sgt_learning_rate is not None:
             self.policy.enable_rescue_optimizer(cfg.sharing.sgt_learning_rate)
-        self.peer_tokenizers = self._load_peer_tokenizers()
+        self.peers = self._load_peers()
         vocab = {self.policy.tokenizer_id: len(self.policy.tokenizer)}
-        vocab.update({tid: len(tok) for tid, tok in self.peer_tokenizers.items()})
+        vocab.update({p.tokenizer_id: len(p.tokenizer) for p in self.peers.values()})
         self.limits = ExperienceLimits(reward_range=self._reward_range(), vocab_sizes=vocab,
                                        known_prompt_ids=frozenset(self.task.known_ids()))
         self.exchange = exchange if exchange is not None else open_exchange(str(ExchangeURL.for_run(cfg.exchange, self.run_dir)),
@@ -92,18 +122,19 @@ class PolicyWorker:
             return (-float("inf"), float("inf"))
         return (lo, hi)
 
-    def _load_peer_tokenizers(self) -> dict[str, Any]:
-        """Tokenizers of the other policies, keyed by tokenizer id (for THL alignment)."""
+    def _load_peers(self) -> dict[str, PeerView]:
+        """What this policy knows of each other policy of the run, keyed by name: its tokenizer,
+        the ids it stops on and how it formats a prompt (for THL alignment of its rollouts)."""
         from transformers import AutoTokenizer
-
-        from mutualrl.policy import tokenizer_fingerprint
 
         out = {}
         for i, p in enumerate(self.cfg.policies):
             if i == self.index:
                 continue
-            tok = AutoTokenizer.from_pretrained(resolve_model_path(p.model))
-            out[tokenizer_fingerprint(tok)] = tok
+            path = resolve_model_path(p.model)
+            tok = AutoTokenizer.from_pretrained(path)
+            out[p.name] = PeerView(p.name, tok, tokenizer_fingerprint(tok), model_stop_ids(path, tok),
+                                   p.prompt_template, p.system_prompt)
         return out
 
     def problems(self, step: int, round: int = 0, exclude: frozenset[str] = frozenset()) -> list[Problem]:
@@ -196,16 +227,41 @@ class PolicyWorker:
             m[f"train_acc/{src}"] = float(np.mean([self.task.is_success(s) for s in sc]))
         return m
 
-    def _align_peer(self, r: Rollout, prompt_ids: Sequence[int]):
-        """THL: peer rollout -> (learner completion ids after ``prompt_ids``, chunks in learner
-        tokens, residual), or None when the peer's tokenizer is unknown or the trace unusable."""
-        from mutualrl.thl.peer import peer_trace
+    def _align_peer(self, r: Rollout, prompt_ids: Sequence[int]) -> PeerTrace:
+        """THL: a peer's rollout in this policy's tokens after ``prompt_ids``, with the peer's side
+        encoded in the peer's own prompt and its own stop ids (or why it cannot be used)."""
+        peer = self.peers.get(r.source_policy)
+        if peer is None or peer.tokenizer_id != r.source_tokenizer:
+            return PeerTrace(refused="unknown_tokenizer")
+        return peer_trace(r.completion, list(r.token_ids), list(r.logprobs), peer.tokenizer, self.policy.tokenizer,
+                          prompt=list(prompt_ids), source_prompt=peer.format_prompt(r.prompt),
+                          source_stop_ids=peer.stop_ids)
 
-        src_tok = self.peer_tokenizers.get(r.source_tokenizer)
-        if src_tok is None:
+    def _encode_peer_text(self, prompt_ids: Sequence[int], text: str) -> list[int] | None:
+        """A peer's verified text as this policy would emit it after ``prompt_ids`` (EOS last), or
+        None when this policy's tokenizer cannot write it (it would not decode back to the text)."""
+        ids = self.policy.encode_completion(prompt_ids, text, add_eos=False)
+        if not represents(self.policy.tokenizer, ids, text):
             return None
-        return peer_trace(r.completion, list(r.token_ids), list(r.logprobs), src_tok, self.policy.tokenizer,
-                          prompt=list(prompt_ids))
+        return ids + [self.policy.tokenizer.eos_token_id]
+
+    def _history(self, step: int) -> list[PastFailure]:
+        """Prompts of the last ``sharing.replay_steps`` steps on which this policy's whole group
+        failed and a peer published a verified success, newest first (read from the exchange)."""
+        window = self.cfg.sharing.replay_steps
+        first = max(0, step - window)
+        past = [(s, p) for s in range(step - 1, first - 1, -1) for p in self.problems(s)]
+        if not past:
+            return []
+        rows = self.exchange.query(list(dict.fromkeys(p.id for _, p in past)), kinds=["verified_success"],
+                                   min_version=first)
+        own = {(r.prompt_id, r.version) for r in rows if r.source_policy == self.name}
+        peer: dict[str, list[VerifiedSuccess]] = {}
+        for r in rows:
+            if r.source_policy in self.peer_names and r.version < step:
+                peer.setdefault(r.prompt_id, []).append(r)
+        return [PastFailure(p, self.policy.encode_prompt(p.question), peer[p.id], s) for s, p in past
+                if (p.id, s) not in own and p.id in peer]
 
     @_numerics
     def update(self, step: int) -> dict[str, float]:
@@ -226,8 +282,9 @@ class PolicyWorker:
             trusted = [r for r in rows if r.version <= step and r.source_policy in self.peer_names]
             untrusted_rows = sum(r.source_policy not in self.peer_names for r in rows)
             peers = PeerRows.from_records(trusted)
+        history = self._history(step) if self.strategy.replays else []
         ctx = ShareContext(groups, peers, self.options, self.cfg.sharing, self.score,
-                           self.policy.encode_completion, self._align_peer)
+                           self._encode_peer_text, self._align_peer, history)
         t1 = time.perf_counter()
         batch = build_batch(self.strategy, ctx)
         t_share = time.perf_counter() - t1
@@ -236,7 +293,8 @@ class PolicyWorker:
         gen = self.pcfg.generation
         stats = train_on_batch(self.policy, batch, prp_ratio_clip=self.cfg.sharing.prp_ratio_clip,
                                rescue_lr=self.cfg.sharing.sgt_learning_rate,
-                               is_cap=gen.importance_sampling_cap if gen.importance_sampling_correction else None)
+                               is_cap=gen.importance_sampling_cap if gen.importance_sampling_correction else None,
+                               shaping_gamma=self.cfg.sharing.guide_shaping_gamma)
         t_sync = self.policy.sync_engine()
         m = dict(batch.metrics)
         m.update(stats)
@@ -264,11 +322,11 @@ class PolicyWorker:
         return out
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self, directory: str | Path) -> None:
+    def save(self, directory: str | Path) -> None:  # type: ignore[override]
         """Write this policy's weights, optimizer and RNG states into ``directory``."""
         save_policy_state(directory, self.policy, {"reward_stats": dataclasses.asdict(self.task.reward_stats)})
 
-    def load(self, directory: str | Path) -> None:
+    def load(self, directory: str | Path) -> None:  # type: ignore[override]
         """Restore what :meth:`save` wrote (weights strictly: a missing key is an error)."""
         st = load_policy_state(directory, self.policy)
         self.policy.sync_engine()  # a separate sampler (vLLM) samples from the restored weights

@@ -11,8 +11,9 @@ import pytest
 
 from mutualrl.allocation import WorkerFailed
 from mutualrl.allocation.local import LocalScheduler
-from mutualrl.config import load_config
+from mutualrl.resolve import load_config, resolve
 from mutualrl.trainer import MutualTrainer
+from mutualrl.worker_api import remote_name
 
 
 def _config(tiny_config: dict, **over) -> object:
@@ -35,7 +36,7 @@ def test_two_policy_run_in_processes_writes_its_plan(tiny_config, tmp_path):
 def test_killed_and_hung_workers_raise_worker_failed(tiny_config):
     sched = LocalScheduler(verbose=False)
     try:
-        sched.start(_config(tiny_config, step_timeout_s=3.0), None)
+        sched.start(resolve(_config(tiny_config, step_timeout_s=3.0)), None)
         a, b = sched.pids()
         os.kill(a, signal.SIGSTOP)  # hangs: alive but never answers
         t0 = time.monotonic()
@@ -81,6 +82,7 @@ class _FavourFirst:
         self.max_lead = 0
 
     def submit(self, index, method, step):
+        method = remote_name(method)
         self.pending.append((index, method, step))
         if method == "rollout":  # how far ahead of the slowest completed worker this start is
             self.max_lead = max(self.max_lead, step - min(self.completed))

@@ -10,7 +10,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from mutualrl.allocation.ray_scheduler import RayScheduler
-from mutualrl.config import load_config
+from mutualrl.resolve import load_config
 from mutualrl.trainer import MutualTrainer
 
 

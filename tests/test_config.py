@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from mutualrl.cli import main
-from mutualrl.config import GRPOOptions, RunConfig, load_config
+from mutualrl.config import GRPOOptions, RunConfig
 from mutualrl.errors import ConfigError
+from mutualrl.resolve import load_config
 
 
 @pytest.fixture()
@@ -42,8 +43,8 @@ BAD_CASES = [
     ("grpo.learning_rate", "fast", "grpo.learning_rate", ["expected a number"]),
     ("grpo.loss_type", "drgrpo", "grpo.loss_type", ["did you mean 'dr_grpo'"]),
     ("policies", {"name": "a"}, "policies", ["expected a list"]),
-    ("steps", -1, "steps", ["positive"]),
-    ("steps", 0, "steps", ["positive"]),
+    ("steps", -1, "steps", [">= 1", "-1"]),
+    ("steps", 0, "steps", [">= 1"]),
     ("grpo.num_generations", 1, "grpo.num_generations", [">= 2"]),
     ("policies.1.grpo", {"num_generations": 1}, "policies[1].grpo.num_generations", [">= 2"]),
     ("policies.0.grpo", {"num_generationz": 4}, "policies[0].grpo.num_generationz", ["did you mean"]),
@@ -63,8 +64,8 @@ BAD_CASES = [
     ("sharing.sgt_lambda", -1.0, "sharing.sgt_lambda", [">= 0", "-1.0"]),
     ("sharing.prp_peer_weight", -0.5, "sharing.prp_peer_weight", [">= 0", "-0.5"]),
     ("sharing.prp_ratio_clip", 0.0, "sharing.prp_ratio_clip", ["> 0", "0.0"]),
-    ("task.train_size", 0, "task.train_size", ["positive", "0"]),
-    ("task.test_size", -3, "task.test_size", ["positive", "-3"]),
+    ("task.train_size", 0, "task.train_size", [">= 1", "0"]),
+    ("task.test_size", -3, "task.test_size", [">= 1", "-3"]),
     ("grpo.warmup_ratio", 1.5, "grpo.warmup_ratio", ["[0, 1)", "1.5"]),
     ("grpo.adam_beta2", 1.0, "grpo.adam_beta2", ["[0, 1)"]),
     ("grpo.dynamic_sampling", "resampled", "grpo.dynamic_sampling", ["did you mean 'resample'"]),
@@ -73,7 +74,7 @@ BAD_CASES = [
     ("policies.0.device", "gpu0", "policies[0].device", ["cuda:N", "gpu0"]),
     ("policies.0.generation", {"gpu_memory_utilization": 1.5}, "policies[0].generation.gpu_memory_utilization",
      ["(0, 1]", "1.5"]),
-    ("policies.0.peft", {"r": 0}, "policies[0].peft.r", ["positive"]),
+    ("policies.0.peft", {"r": 0}, "policies[0].peft.r", [">= 1"]),
 ]
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mutualrl.config import load_config
+from mutualrl.resolve import load_config
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
 

@@ -203,14 +203,14 @@ def test_training_next_to_hostile_peer_is_unaffected(tiny_models: dict[str, Path
                                                     tmp_path: Path) -> None:
     """A run whose exchange holds hostile rows for its own prompts learns exactly like a clean run."""
     B = _bench()
-    from mutualrl.config import load_config
     from mutualrl.exchange import open_exchange
     from mutualrl.faults import hostile_rows
+    from mutualrl.resolve import load_config
     from mutualrl.worker import PolicyWorker
 
     cfg = B.run_config(tiny_models, 2, eval_every=2)
     w = PolicyWorker(load_config(cfg), 0, None)
-    peer_tok = next(iter(w.peer_tokenizers))
+    peer_tok = next(iter(w.peers.values())).tokenizer_id
     targets = [(p, s) for s in range(2) for p in w.task.sample_train(s, 4)]
     db = tmp_path / "shared.db"
     ex = open_exchange(f"sqlite:///{db}", limits=w.limits)

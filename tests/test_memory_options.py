@@ -104,8 +104,8 @@ def test_retain_freed_memory_takes_effect_on_glibc_and_is_idempotent() -> None:
 
 
 def test_retain_freed_memory_is_a_checked_run_option() -> None:
-    from mutualrl.config import load_config
     from mutualrl.errors import ConfigError
+    from mutualrl.resolve import load_config
 
     base = {"policies": [{"name": "a", "model": "zoo:gpt2-add"}], "task": {"preset": "zoo"}}
     assert load_config(base, check_paths=False).retain_freed_memory is True
@@ -140,7 +140,7 @@ def test_a_run_leaves_the_callers_denormals_alone(tiny_config, tmp_path) -> None
 
 
 def load_run_option(name: str):
-    from mutualrl.config import load_config
+    from mutualrl.resolve import load_config
 
     base = {"policies": [{"name": "a", "model": "zoo:gpt2-add"}], "task": {"preset": "zoo"}}
     return getattr(load_config(base, check_paths=False), name)

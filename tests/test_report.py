@@ -14,7 +14,9 @@ def _run(root: Path, strategy: str, seed: int, final: dict[str, dict[str, float]
     d = root / f"{strategy}-seed{seed}"
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(yaml.safe_dump({"sharing": {"strategy": strategy}, "seed": seed,
-                                                   "policies": [{"name": "a"}, {"name": "b"}]}))
+                                                   "task": {"preset": "zoo"},
+                                                   "policies": [{"name": "a", "model": "zoo:gpt2-add"},
+                                                                {"name": "b", "model": "zoo:llama-sub"}]}))
     rows = []
     start = {"a": {"add": 0.4, "sub": 0.0}, "b": {"add": 0.1, "sub": 0.5}}
     for step, acc in ((0, start), (10, final)):

@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from mutualrl.allocation import WorkerFailed
-from mutualrl.config import load_config
+from mutualrl.resolve import load_config
 from mutualrl.trainer import MutualTrainer
 
 
@@ -19,10 +19,10 @@ def _local():
     from mutualrl.allocation.local import LocalScheduler
 
     class KillAtStep2(LocalScheduler):
-        def call(self, method, *args):
+        def _call(self, method, *args):
             if method == "rollout" and args[0] == 2:
                 os.kill(self.pids()[1], signal.SIGKILL)
-            return super().call(method, *args)
+            return super()._call(method, *args)
 
     return KillAtStep2(verbose=False), lambda sched: sched.procs == []  # every worker process closed
 
@@ -35,10 +35,10 @@ def _ray():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 
     class KillAtStep2(RayScheduler):
-        def call(self, method, *args):
+        def _call(self, method, *args):
             if method == "rollout" and args[0] == 2:
                 ray.kill(self.actors[1])
-            return super().call(method, *args)
+            return super()._call(method, *args)
 
     def extra(sched) -> bool:
         # one node: the run's sqlite file is the exchange; a Ray it did not start stays up

@@ -19,9 +19,9 @@ from mutualrl.algorithms.sharing import (
     parse_strategy,
     register_strategy,
 )
-from mutualrl.algorithms.update import _chunk_weights, train_on_batch
+from mutualrl.algorithms.update import chunk_weights, train_on_batch
 from mutualrl.config import GRPOOptions, SharingConfig
-from mutualrl.experience import GroupOutcome, Rollout, VerifiedSuccess
+from mutualrl.experience import Rollout, VerifiedSuccess
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -57,11 +57,13 @@ def _encode(prompt_ids, text: str) -> list[int]:
 
 def _align(r: Rollout, prompt_ids=()):
     """A fake THL: one learner token per character, one chunk per two characters."""
+    from mutualrl.thl.peer import PeerTrace
+
     if r.completion == "REFUSE":
-        return None
+        return PeerTrace(refused="unrepresentable")
     ids = [ord(c) for c in r.completion]
     chunks = [(a, min(a + 2, len(ids)), -1.0) for a in range(0, len(ids), 2)]
-    return ids, chunks, {"chunks": float(len(chunks)), "noncanonical": 0.0}
+    return PeerTrace(ids, chunks, {"chunks": float(len(chunks)), "noncanonical": 0.0})
 
 
 def _ctx(task, groups, records=(), *, options=None, **sharing):
@@ -71,6 +73,12 @@ def _ctx(task, groups, records=(), *, options=None, **sharing):
 
 def _scorer(task):
     return lambda problems, completions: task.rewards(problems, [p.question for p in problems], completions)
+
+
+def _peer_group(problem, rewards, source="peer"):
+    """A peer's rollouts for ``problem`` whose texts the verifier scores as ``rewards`` (1: the answer)."""
+    return [_rollout(problem, problem.answer if r else _wrong(problem.answer), r, source, i)
+            for i, r in enumerate(rewards)]
 
 
 def _rollout(problem, text, reward=0.0, source="peer", idx=0):
@@ -105,7 +113,7 @@ def test_skip_leaves_out_zero_advantage_rows_after_every_step_had_its_say(task):
     assert len(batch.rows) == 4 and batch.metrics["zero_adv_rows_skipped"] == 8
     assert batch.n_prompts == 3  # the rescue term's denominator still counts every prompt
     # XGRPO gives the all-fail group a signal from the peer's rewards: its rows stay
-    peer = [GroupOutcome.from_rewards(p2.id, "peer", [1.0, 0.0], 0)]
+    peer = [*_peer_group(p2, [1.0, 0.0])]
     batch = build_batch("xgrpo", _ctx(task, groups, peer, options=skip))
     assert len(batch.rows) == 8 and batch.metrics["zero_adv_rows_skipped"] == 4
 
@@ -124,8 +132,7 @@ def test_independent_uses_own_group_advantages(task):
 
 def test_xgrpo_advantages_equal_the_pooled_formula_and_train_only_own_rows(task):
     p0, p1 = task.problems("train", 2)
-    peers = [GroupOutcome.from_rewards(p0.id, "peer", [1.0, 1.0, 0.0, 0.0], 0),
-             _rollout(p0, p0.answer, 1.0), _success(p0, p0.answer)]
+    peers = [*_peer_group(p0, [1.0, 1.0, 0.0, 0.0]), _success(p0, p0.answer)]
     ctx = _ctx(task, [_group(p0, [1, 0, 0, 0]), _group(p1, [1, 0, 0, 1])], peers)
     batch = build_batch("xgrpo", ctx)
     assert all(r.kind == "own" for r in batch.rows) and len(batch.rows) == 8
@@ -141,7 +148,7 @@ def test_xgrpo_advantages_equal_the_pooled_formula_and_train_only_own_rows(task)
 def test_xgrpo_gives_signal_to_a_zero_variance_group(task):
     # own group all 0 (no GRPO signal); a peer solved it: pooled baseline makes own advantages negative
     (p0,) = task.problems("train", 1)
-    ctx = _ctx(task, [_group(p0, [0, 0])], [GroupOutcome.from_rewards(p0.id, "peer", [1.0, 0.0], 0)])
+    ctx = _ctx(task, [_group(p0, [0, 0])], [*_peer_group(p0, [1.0, 0.0])])
     adv = [r.advantage for r in build_batch("xgrpo", ctx).rows]
     # pool [0,0,1,0]: mean 0.25, std 0.5 -> -0.25 / 0.5001
     assert adv == pytest.approx([-0.25 / 0.5001] * 2)
@@ -152,7 +159,7 @@ def test_batch_scale_is_over_the_pooled_batch(task):
     (own + peers), not from the own batch alone (which would divide by eps: advantages of -2500)."""
     (p0,) = task.problems("train", 1)
     opts = GRPOOptions(scale_rewards="batch")
-    ctx = _ctx(task, [_group(p0, [0, 0])], [GroupOutcome.from_rewards(p0.id, "peer", [1.0, 0.0], 0)], options=opts)
+    ctx = _ctx(task, [_group(p0, [0, 0])], [*_peer_group(p0, [1.0, 0.0])], options=opts)
     # pooled batch [0, 0, 1, 0]: mean 0.25, unbiased std 0.5
     assert [r.advantage for r in build_batch("xgrpo", ctx).rows] == pytest.approx([-0.25 / 0.5001] * 2)
     ctx = _ctx(task, [_group(p0, [0, 0])], [_rollout(p0, p0.answer, idx=0), _rollout(p0, "x", idx=1)],
@@ -186,7 +193,7 @@ def test_sgt_refuses_a_peer_success_that_fails_reverification(task):
 def test_sgt_adds_one_rescue_row_when_open_and_verified(task):
     (p0,) = task.problems("train", 1)
     good = p0.answer
-    records = [_success(p0, _wrong(p0.answer)), _success(p0, good), _success(p0, good + "\n", source="peer2")]
+    records = [_success(p0, _wrong(p0.answer)), _success(p0, good), _success(p0, good + "\n")]
     ctx = _ctx(task, [_group(p0, [0, 0, 0, 0])], records, sgt_lambda=0.3)
     batch = build_batch("sgt", ctx)
     rescue = [r for r in batch.rows if r.kind == "rescue"]
@@ -211,8 +218,8 @@ def test_sgt_respects_max_per_step(task):
 
 def test_xgrpo_plus_sgt_chains_both(task):
     p0, p1 = task.problems("train", 2)
-    records = [GroupOutcome.from_rewards(p0.id, "peer", [1.0, 0.0], 0), _success(p0, p0.answer),
-               GroupOutcome.from_rewards(p1.id, "peer", [1.0, 1.0], 0)]
+    records = [*_peer_group(p0, [1.0, 0.0]), _success(p0, p0.answer),
+               *_peer_group(p1, [1.0, 1.0])]
     batch = build_batch("xgrpo+sgt", _ctx(task, [_group(p0, [0, 0]), _group(p1, [1, 0])], records))
     assert [r.kind for r in batch.rows] == ["own"] * 4 + ["rescue"]
     assert batch.metrics["xgrpo_pooled_prompts"] == 2
@@ -238,7 +245,7 @@ def test_prp_adds_reverified_peer_rows_with_pooled_advantages(task):
     assert [r.advantage for r in own] == pytest.approx([hi, lo, lo, lo], abs=1e-6)
     assert [r.advantage for r in peer] == pytest.approx([hi, lo], abs=1e-6)
     assert peer[0].completion_ids == [ord(c) for c in p0.answer]
-    assert peer[0].peer_chunks == _align(records[0])[1]
+    assert peer[0].peer_chunks == _align(records[0]).chunks
     assert peer[0].old_logprobs is None
     assert all(r.weight == 0.25 for r in peer)
     assert batch.metrics["prp_peer_samples"] == 2
@@ -260,14 +267,14 @@ def test_prp_needs_thl(task):
         build_batch("prp", ctx)
 
 
-def test_chunk_weights_are_truncated_chunk_ratios():
+def testchunk_weights_are_truncated_chunk_ratios():
     width = 5
     own = TrainRow([1], [5, 6, 7], 0.5, [-1.0, -1.0, -1.0])
     peer = TrainRow([1], [8, 9, 10, 11], 1.0, None, "peer", [(0, 1, -1.0), (1, 3, -2.5), (3, 4, -0.2)])
     cur = torch.tensor([[0.0, 0.0, -3.0, -3.0, -3.0],
                         [0.0, -1.5, -1.0, -1.0, -0.1]])
     # chunk log-ratios: -1.5 - (-1.0) = -0.5; -2.0 - (-2.5) = 0.5; -0.1 - (-0.2) = 0.1
-    w, stats = _chunk_weights([own, peer], cur, width, clip=1.0)
+    w, stats = chunk_weights([own, peer], cur, width, clip=1.0)
     assert w[0].tolist() == [1.0] * 5
     assert w[1].tolist() == pytest.approx([1.0, math.exp(-0.5), 1.0, 1.0, 1.0])
     assert stats["prp_ratio_max"] == pytest.approx(math.exp(0.5), rel=1e-5)
@@ -275,7 +282,7 @@ def test_chunk_weights_are_truncated_chunk_ratios():
     assert stats["prp_ratio_truncated_frac"] == pytest.approx(2 / 3)
     # ESS fraction of the truncated weights [e^-0.5, 1, 1]: (sum)^2 / (n * sum of squares)
     assert stats["prp_ess_frac"] == pytest.approx(0.9564116, abs=1e-6)
-    w2, stats2 = _chunk_weights([own, peer], cur, width, clip=1.2)
+    w2, stats2 = chunk_weights([own, peer], cur, width, clip=1.2)
     # both chunk-1 tokens carry the chunk's weight
     assert w2[1].tolist() == pytest.approx([1.0, math.exp(-0.5), 1.2, 1.2, math.exp(0.1)], rel=1e-6)
     assert stats2["prp_ratio_truncated_frac"] == pytest.approx(1 / 3)
@@ -359,8 +366,8 @@ def test_prp_weights_equal_thl_chunk_ratios_truncated(gpt2_policy, llama_policy)
     with torch.no_grad():
         peer_lps = peer.logprobs([peer.encode_prompt(q)], [peer_ids])[0].tolist()
     res = peer_trace(text, peer_ids, peer_lps, peer.tokenizer, learner.tokenizer)
-    assert res is not None
-    ids, chunks, residual = res
+    assert not res.refused
+    ids, chunks, residual = res.ids, res.chunks, res.residual
     assert ids == learner.encode_completion(None, text)
     assert residual["noncanonical"] == 0.0 and residual["chunks"] == len(chunks)
     assert chunks[0][0] == 0 and chunks[-1][1] == len(ids)
@@ -375,7 +382,7 @@ def test_prp_weights_equal_thl_chunk_ratios_truncated(gpt2_policy, llama_policy)
     with torch.no_grad():
         cur = learner.logprobs([prompt], [ids], width)
     for clip in (1.0, 50.0):
-        w, stats = _chunk_weights([row], cur, width, clip)
+        w, stats = chunk_weights([row], cur, width, clip)
         off = width - len(ids)
         assert w[0, :off].tolist() == [1.0] * off
         ratios = []
@@ -395,13 +402,13 @@ def test_peer_trace_noncanonical_ids_become_one_sequence_chunk(gpt2_policy, llam
     canonical = src(text, add_special_tokens=False)["input_ids"]
     chars = [src.convert_tokens_to_ids(c) for c in text]
     assert chars != canonical and src.unk_token_id not in chars
-    ids, chunks, residual = peer_trace(text, chars + [src.eos_token_id], [-0.5] * 7, src, tgt)
-    assert residual["noncanonical"] == 1.0
-    n = len(ids) - 1
-    assert chunks == [(0, n, pytest.approx(-3.0)), (n, n + 1, -0.5)]
-    assert ids[-1] == tgt.eos_token_id
+    tr = peer_trace(text, chars + [src.eos_token_id], [-0.5] * 7, src, tgt)
+    assert tr.residual["noncanonical"] == 1.0
+    n = len(tr.ids) - 1
+    assert tr.chunks == [(0, n, pytest.approx(-3.0)), (n, n + 1, -0.5)]
+    assert tr.ids[-1] == tgt.eos_token_id
     # lengths that disagree are refused
-    assert peer_trace(text, chars, [-0.5] * 3, src, tgt) is None
+    assert peer_trace(text, chars, [-0.5] * 3, src, tgt).refused == "length_mismatch"
 
 
 def test_update_with_several_iterations_and_kl(tiny_models):
@@ -457,4 +464,4 @@ def test_registry_declarations_are_enforced():
     assert check_strategy_name("sgt_strict") and "unknown strategy" in check_strategy_name("sgt_strict")
     assert "both pool advantages" in check_strategy_name("prp+xgrpo")
     assert parse_strategy("independent").reads == frozenset() and not parse_strategy("independent").shares
-    assert parse_strategy("prp").reads == {"rollout"} and parse_strategy("xgrpo").reads == {"group_outcome"}
+    assert parse_strategy("prp").reads == {"rollout"} and parse_strategy("xgrpo").reads == {"rollout"}

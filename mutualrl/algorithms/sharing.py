@@ -6,17 +6,20 @@ the exchange (the worker queries exactly those), whether it rewrites advantages 
 group (two such steps cannot be chained) and which other steps it cannot be combined with. The
 base step (``independent``: own samples, own group advantages) always runs first.
 
-The built-in steps live in :mod:`mutualrl.algorithms.strategies` (one module each): ``prp``,
-``xgrpo`` and ``sgt``. :func:`parse_strategy` is the one parser of a strategy name.
+The built-in steps live in :mod:`mutualrl.algorithms.strategies` (one module each: ``prp``,
+``xgrpo``, ``sgt``, ``guide``, ``imitate``); the ``mutualrl.algorithms`` package imports them,
+so they are registered before anything of it is used. :func:`parse_strategy` is the one parser of a strategy name.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import itertools
 import math
 import re
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +27,7 @@ from mutualrl.algorithms.grpo import pooled_advantages
 from mutualrl.config import GRPOOptions, SharingConfig
 from mutualrl.experience import KINDS, GroupOutcome, Rollout, VerifiedSuccess
 from mutualrl.tasks.base import SUCCESS_THRESHOLD, Problem
+from mutualrl.thl.peer import PeerTrace
 
 
 @dataclass
@@ -43,6 +47,11 @@ class OwnGroup:
     def informative(self) -> bool:
         """True when the rewards differ (the group carries a GRPO signal)."""
         return max(self.rewards) - min(self.rewards) > 1e-12
+
+    @property
+    def success_rate(self) -> float:
+        """The share of the group's samples that succeeded."""
+        return sum(sc >= SUCCESS_THRESHOLD for sc in self.scores) / max(1, len(self.scores))
 
     @property
     def failed(self) -> bool:
@@ -68,15 +77,27 @@ class TrainRow:
 
 @dataclass
 class TrainBatch:
+    """What the learner trains on this step, with the metrics its strategy steps reported."""
+
     rows: list[TrainRow] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     n_prompts: int = 0
     """Prompts of the step (own groups), the denominator of the rescue term."""
+    peer_rows: Counter[str] = field(default_factory=Counter)
+    """Peer rows the steps used, by peer name (a row, a pooled reward, a rescued success):
+    logged as ``peer_rows`` and ``peer_rows/<peer>``."""
 
 
 @dataclass
 class PeerRows:
-    """Peers' rows for this step's prompts, grouped by prompt id."""
+    """Peers' rows for this step's prompts, grouped by prompt id, each list in *fair order*.
+
+    The exchange returns rows oldest first and peer by peer; a step that takes the first ``n``
+    rows of a prompt would then only ever hear the first-published peer, and stale rows before
+    fresh ones. :meth:`from_records` orders each prompt's rows newest version first within each
+    peer and interleaves the peers round-robin, starting from a peer that rotates with the prompt
+    (a hash of its id), so a cap of one row per prompt still spreads over every peer.
+    """
 
     rollouts: dict[str, list[Rollout]] = field(default_factory=lambda: defaultdict(list))
     outcomes: dict[str, list[GroupOutcome]] = field(default_factory=lambda: defaultdict(list))
@@ -92,16 +113,48 @@ class PeerRows:
                 out.outcomes[r.prompt_id].append(r)
             elif isinstance(r, VerifiedSuccess):
                 out.successes[r.prompt_id].append(r)
+        for table in (out.rollouts, out.outcomes, out.successes):
+            for pid, rows in table.items():
+                table[pid] = fair_order(pid, rows)
         return out
+
+    def any(self) -> bool:
+        """Whether any peer row arrived."""
+        return bool(self.rollouts or self.outcomes or self.successes)
+
+
+def fair_order(prompt_id: str, rows: Sequence[Any]) -> list[Any]:
+    """``rows`` of one prompt newest first within each peer, the peers interleaved round-robin from
+    a starting peer that rotates with ``prompt_id`` (deterministic)."""
+    by_peer: dict[str, list[Any]] = defaultdict(list)
+    for r in rows:
+        by_peer[r.source_policy].append(r)
+    if len(by_peer) <= 1:
+        return sorted(rows, key=lambda r: -r.version)
+    names = sorted(by_peer)
+    start = int(hashlib.sha1(prompt_id.encode("utf-8", "surrogatepass")).hexdigest()[:8], 16) % len(names)
+    queues = [sorted(by_peer[n], key=lambda r: -r.version) for n in names[start:] + names[:start]]
+    return [r for level in itertools.zip_longest(*queues) for r in level if r is not None]
 
 
 ScoreFn = Callable[[Sequence[Problem], Sequence[str]], tuple[list[float], list[float]]]
 """(problems, completions) -> (rewards, verifier scores): the learner's one scoring path."""
-EncodeFn = Callable[[Sequence[int], str], list[int]]
-"""(learner prompt ids, completion text) -> the learner's ids of the text after that prompt, EOS last."""
-AlignFn = Callable[[Rollout, Sequence[int]],
-                   tuple[list[int], list[tuple[int, int, float]], dict[str, float]] | None]
-"""(peer rollout, learner prompt ids) -> (learner ids, THL chunks, residual metrics), or None."""
+EncodeFn = Callable[[Sequence[int], str], list[int] | None]
+"""(learner prompt ids, completion text) -> the learner's ids of the text after that prompt, EOS last;
+None when the learner's tokenizer cannot represent the text (it would not decode back to it)."""
+AlignFn = Callable[[Rollout, Sequence[int]], PeerTrace]
+"""(peer rollout, learner prompt ids) -> the rollout in the learner's tokens (THL), or why not."""
+
+
+@dataclass
+class PastFailure:
+    """A prompt of an earlier step on which the learner's whole group failed, with the peers'
+    verified successes for it (what ``imitate`` replays)."""
+
+    problem: Problem
+    prompt_ids: list[int]
+    successes: list[VerifiedSuccess]
+    version: int
 
 
 @dataclass
@@ -116,6 +169,8 @@ class ShareContext:
     """The learner's own reward and verifier: a peer's claim is never trusted."""
     encode_completion: EncodeFn
     align_peer: AlignFn | None = None
+    history: list[PastFailure] = field(default_factory=list)
+    """Earlier steps' failed prompts with peer successes, newest first (steps that ``replay``)."""
 
 
 StrategyFn = Callable[[ShareContext, TrainBatch], None]
@@ -134,6 +189,10 @@ class StrategyStep:
     conflicts: frozenset[str]
     """Steps it cannot be chained with (the relation is symmetric)."""
     description: str = ""
+    replays: bool = False
+    """The step reads :attr:`ShareContext.history` (peer successes of earlier failed prompts)."""
+    trains_peer_rollouts: bool = False
+    """The step adds peers' rollouts to the learner's update (the resource plan prices them)."""
 
 
 _REGISTRY: dict[str, StrategyStep] = {}
@@ -142,7 +201,8 @@ BASE = "independent"
 
 
 def register_strategy(name: str, *, reads: Sequence[str] = (), pools_advantages: bool = False,
-                      conflicts: Sequence[str] = (), description: str = "") -> Callable[[StrategyFn], StrategyFn]:
+                      conflicts: Sequence[str] = (), description: str = "", replays: bool = False,
+                      trains_peer_rollouts: bool = False) -> Callable[[StrategyFn], StrategyFn]:
     """Register a strategy step under ``name`` (usable in ``sharing.strategy``, chained with '+').
 
     ``reads`` names the record kinds the step needs: the learner queries the exchange for exactly
@@ -160,7 +220,8 @@ def register_strategy(name: str, *, reads: Sequence[str] = (), pools_advantages:
             raise ValueError(f"strategy {name!r} is already registered (by {_REGISTRY[name].apply.__module__}); "
                              "choose another name")
         _REGISTRY[name] = StrategyStep(name, fn, frozenset(reads), pools_advantages, frozenset(conflicts),
-                                       description or (fn.__doc__ or "").strip().split("\n")[0])
+                                       description or (fn.__doc__ or "").strip().split("\n")[0], replays,
+                                       trains_peer_rollouts)
         return fn
 
     return deco
@@ -194,6 +255,16 @@ class Strategy:
     def reads(self) -> frozenset[str]:
         """Record kinds to query from peers (empty: the learner reads nothing)."""
         return frozenset().union(*(s.reads for s in self.steps))
+
+    @property
+    def trains_peer_rollouts(self) -> bool:
+        """Whether a step trains on peers' rollouts (their cost belongs in the learner's update)."""
+        return any(s.trains_peer_rollouts for s in self.steps)
+
+    @property
+    def replays(self) -> bool:
+        """Whether a step reads earlier steps' failed prompts (:attr:`ShareContext.history`)."""
+        return any(s.replays for s in self.steps)
 
     @property
     def shares(self) -> bool:
@@ -256,7 +327,30 @@ def build_batch(strategy: str | Strategy, ctx: ShareContext) -> TrainBatch:
         keep = [r for r in batch.rows if r.kind == "rescue" or abs(r.advantage) > 1e-12]
         batch.metrics["zero_adv_rows_skipped"] = len(batch.rows) - len(keep)
         batch.rows = keep
+    if ctx.peers.any() or batch.peer_rows:
+        batch.metrics["peer_rows"] = sum(batch.peer_rows.values())
+        for name, n in sorted(batch.peer_rows.items()):
+            batch.metrics[f"peer_rows/{name}"] = n
     return batch
+
+
+def verified_successes(ctx: ShareContext, problem: Problem, prompt_ids: Sequence[int],
+                       successes: Iterable[VerifiedSuccess], tally: Counter[str]
+                       ) -> Iterator[tuple[list[int], float, str]]:
+    """The peer successes the learner's own verifier accepts again, in the learner's tokens:
+    ``(ids, reward, peer)`` one by one. A peer's claim of success is only a hint: ``tally["refused"]``
+    counts those the verifier rejects, ``tally["unrepresentable"]`` those the learner's tokenizer
+    cannot write (they would train on unknown tokens)."""
+    for succ in successes:
+        rewards, scores = ctx.score([problem], [succ.completion])
+        if scores[0] < SUCCESS_THRESHOLD:
+            tally["refused"] += 1
+            continue
+        ids = ctx.encode_completion(prompt_ids, succ.completion)
+        if ids is None:
+            tally["unrepresentable"] += 1
+            continue
+        yield ids, rewards[0], succ.source_policy
 
 
 def batch_std(ctx: ShareContext, extra: Sequence[float] = ()) -> float:
@@ -291,5 +385,3 @@ def _independent(ctx: ShareContext, batch: TrainBatch) -> None:
             batch.rows.append(TrainRow(g.prompt_ids, ids, a, lp, "own"))
     batch.metrics["zero_var_group_frac"] = zero_var / max(1, len(ctx.groups))
 
-
-from mutualrl.algorithms import strategies as _builtin  # noqa: F401  (registers prp, xgrpo, sgt)

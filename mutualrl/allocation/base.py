@@ -12,7 +12,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from mutualrl.config import RunConfig
+from mutualrl.resolve import RunPlan
+from mutualrl.worker_api import WorkerMethod, remote_name
 
 
 class WorkerFailed(RuntimeError):
@@ -38,23 +39,36 @@ class Scheduler(ABC):
     name: str = "base"
 
     @abstractmethod
-    def start(self, cfg: RunConfig, run_dir: Path | None) -> list[dict[str, Any]]:
-        """Create the workers; return each worker's ``info()``."""
+    def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
+        """Create the workers for ``plan`` (placing each one); return each worker's ``info()``."""
 
-    @abstractmethod
-    def call(self, method: str, *args: Any) -> list[Any]:
-        """Call ``method(*args)`` on every worker (concurrently where possible), in policy order."""
+    def call(self, method: WorkerMethod | str, *args: Any) -> list[Any]:
+        """Call ``method(*args)`` (a :class:`~mutualrl.worker_api.WorkerAPI` method) on every worker,
+        concurrently where possible; the results in policy order."""
+        return self._call(remote_name(method), *args)
 
-    @abstractmethod
-    def call_one(self, index: int, method: str, *args: Any) -> Any:
+    def call_one(self, index: int, method: WorkerMethod | str, *args: Any) -> Any:
         """Call ``method(*args)`` on worker ``index``; a failure raises :class:`WorkerFailed`."""
+        return self._call_one(index, remote_name(method), *args)
 
-    # asynchronous use (the trainer's ``sync: async`` mode): one call in flight per worker
-    def submit(self, index: int, method: str, *args: Any) -> None:
-        """Start ``method(*args)`` on worker ``index`` without waiting (default: run it now)."""
+    def submit(self, index: int, method: WorkerMethod | str, *args: Any) -> None:
+        """Start ``method(*args)`` on worker ``index`` without waiting (the trainer's ``sync: async``
+        mode: one call in flight per worker); :meth:`collect` returns its result."""
+        self._submit(index, remote_name(method), *args)
+
+    @abstractmethod
+    def _call(self, method: str, *args: Any) -> list[Any]:
+        """:meth:`call` with a checked method name."""
+
+    @abstractmethod
+    def _call_one(self, index: int, method: str, *args: Any) -> Any:
+        """:meth:`call_one` with a checked method name."""
+
+    def _submit(self, index: int, method: str, *args: Any) -> None:
+        """:meth:`submit` with a checked method name (default: run it now, keep the result)."""
         if not hasattr(self, "_done"):
             self._done: deque[tuple[int, Any]] = deque()
-        self._done.append((index, self.call_one(index, method, *args)))
+        self._done.append((index, self._call_one(index, method, *args)))
 
     def collect(self, timeout: float) -> tuple[int, Any]:
         """Wait for the next finished submitted call: ``(worker index, result)``.
@@ -80,31 +94,35 @@ class SequentialScheduler(Scheduler):
         self.threads = threads
         self.workers: list[Any] = []
 
-    def start(self, cfg: RunConfig, run_dir: Path | None) -> list[dict[str, Any]]:
+    def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
+        import dataclasses
+
         import torch
 
         from mutualrl.allocation.planner import planned_devices
+        from mutualrl.devices import resolve_device
         from mutualrl.exchange import ExchangeURL
         from mutualrl.worker import PolicyWorker
 
+        cfg = plan.config
         threads = self.threads or cfg.threads
         if threads:
             torch.set_num_threads(threads)
-        devices = planned_devices(cfg)
         if ExchangeURL.for_run(cfg.exchange, run_dir) == ExchangeURL("memory", ""):
             # a bare memory:// store is private to whoever opens it: give this run's workers one
             # shared store, named uniquely so that no earlier run's rows are visible
-            import dataclasses
             import uuid
 
-            cfg = dataclasses.replace(cfg, exchange=f"memory://run-{uuid.uuid4().hex}")
-        self.workers = [PolicyWorker(cfg, i, run_dir, device=devices[i]) for i in range(len(cfg.policies))]
+            plan = dataclasses.replace(plan, config=dataclasses.replace(cfg, exchange=f"memory://run-{uuid.uuid4().hex}"))
+        for i, dev in enumerate(planned_devices(cfg)):
+            plan = plan.placed(i, device=resolve_device(cfg.policies[i].device, cfg.device, dev))
+        self.workers = [PolicyWorker(plan, i, run_dir) for i in range(len(cfg.policies))]
         return [w.info() for w in self.workers]
 
-    def call(self, method: str, *args: Any) -> list[Any]:
-        return [self.call_one(i, method, *args) for i in range(len(self.workers))]
+    def _call(self, method: str, *args: Any) -> list[Any]:
+        return [self._call_one(i, method, *args) for i in range(len(self.workers))]
 
-    def call_one(self, index: int, method: str, *args: Any) -> Any:
+    def _call_one(self, index: int, method: str, *args: Any) -> Any:
         w = self.workers[index]
         try:
             return getattr(w, method)(*args)

@@ -24,9 +24,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan; exit code 2 for bad input."""
     from mutualrl.allocation.cost import CostModel, estimate_parameters
     from mutualrl.allocation.planner import Resources, plan
-    from mutualrl.config import load_config
+    from mutualrl.resolve import resolve
 
-    cfg = load_config(args.config, check_paths=False)
+    cfg = resolve(args.config, check_paths=False).config
     started = False
     if args.ray:
         from mutualrl.allocation.ray_scheduler import connect_ray

@@ -11,6 +11,7 @@ metric dicts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import selectors
@@ -26,8 +27,9 @@ from typing import IO, Any
 from mutualrl.allocation.adaptive import AdaptivePlan
 from mutualrl.allocation.base import Scheduler, WorkerFailed
 from mutualrl.allocation.planner import Allocation, Resources
-from mutualrl.config import RunConfig
 from mutualrl.exchange.url import ExchangeURL
+from mutualrl.resolve import RunPlan
+from mutualrl.worker_api import WorkerAPI
 
 
 @dataclass
@@ -101,7 +103,8 @@ class LocalScheduler(Scheduler):
         self.last_wall_s: dict[int, float | None] = {}
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, cfg: RunConfig, run_dir: Path | None) -> list[dict[str, Any]]:
+    def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
+        cfg = plan.config
         self.run_dir = Path(run_dir) if run_dir is not None else None
         # starting (imports, model load) may take longer than a step on a busy machine
         self.timeout = max(float(cfg.step_timeout_s), self.start_timeout_s)
@@ -110,9 +113,8 @@ class LocalScheduler(Scheduler):
                                  verbose=self.verbose)
         self.plan.say(self.plan.allocation.describe())
         self._scratch = Path(tempfile.mkdtemp(prefix="mutualrl-local-"))
-        data = cfg.to_dict()
-        data["exchange"] = str(ExchangeURL.for_run(cfg.exchange, self.run_dir).shared_by_processes(
-            self.run_dir, self._scratch))
+        shared = str(ExchangeURL.for_run(cfg.exchange, self.run_dir).shared_by_processes(self.run_dir, self._scratch))
+        plan = dataclasses.replace(plan, config=dataclasses.replace(cfg, exchange=shared))
         logs = (self.run_dir / "logs") if self.run_dir is not None else self._scratch
         logs.mkdir(parents=True, exist_ok=True)
         try:
@@ -125,10 +127,11 @@ class LocalScheduler(Scheduler):
                 pol = cfg.policies[p.index]
                 # a worker given its own GPU sees it as cuda:0 (CUDA_VISIBLE_DEVICES) and is held to its share
                 gpu = _own_gpu(pol.device, cfg.device, pl.gpu)
-                device = "cuda:0" if gpu is not None else None
+                device = "cuda:0" if gpu is not None else "cpu"
                 frac = pl.gpu_fraction if gpu is not None and 0 < pl.gpu_fraction < 1 else None
-                self._send(p, "__init__", [data, p.index, str(self.run_dir) if self.run_dir else None,
-                                           pl.threads, pl.nice, device, frac])
+                placed = plan.placed(p.index, device=device, threads=pl.threads)
+                self._send(p, "__init__", [placed.to_dict(), p.index, str(self.run_dir) if self.run_dir else None,
+                                           pl.nice, frac])
             infos = self._gather(list(range(len(self.procs))))
             self.timeout = float(cfg.step_timeout_s)
         except BaseException:
@@ -181,7 +184,7 @@ class LocalScheduler(Scheduler):
             self._scratch = None
 
     # ------------------------------------------------------------------ calls
-    def call(self, method: str, *args: Any) -> list[Any]:
+    def _call(self, method: str, *args: Any) -> list[Any]:
         for p in self.procs:
             self._send(p, method, list(args))
         results = self._gather(list(range(len(self.procs))))
@@ -192,11 +195,11 @@ class LocalScheduler(Scheduler):
                 self._replan(args[0] if args else None)
         return results
 
-    def call_one(self, index: int, method: str, *args: Any) -> Any:
+    def _call_one(self, index: int, method: str, *args: Any) -> Any:
         self._send(self.procs[index], method, list(args))
         return self._gather([index])[0]
 
-    def submit(self, index: int, method: str, *args: Any) -> None:
+    def _submit(self, index: int, method: str, *args: Any) -> None:
         self._send(self.procs[index], method, list(args))
 
     def collect(self, timeout: float) -> tuple[int, Any]:
@@ -329,9 +332,9 @@ class LocalScheduler(Scheduler):
         for p in self.procs:
             a, b = old.placements[p.index], new.placements[p.index]
             if a.threads != b.threads:
-                self.call_one(p.index, "set_threads", b.threads)
+                self.call_one(p.index, WorkerAPI.set_threads, b.threads)
             if a.nice != b.nice:
-                self.call_one(p.index, "__nice__", b.nice)
+                self._call_one(p.index, "__nice__", b.nice)
         self.plan.write(self.run_dir)
 
     @property

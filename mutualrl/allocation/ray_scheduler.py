@@ -13,6 +13,7 @@ has the ``step_timeout_s`` deadline; a dead actor or a late answer raises
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -26,39 +27,32 @@ from mutualrl.allocation.base import Scheduler, WorkerFailed
 from mutualrl.allocation.planner import Allocation, Placement, Resources
 from mutualrl.config import RunConfig
 from mutualrl.errors import UserError
+from mutualrl.resolve import RunPlan
+from mutualrl.worker_api import WorkerAPI, remote_name
 
 
 class RayPolicyWorker:
     """The actor body: a :class:`~mutualrl.worker.PolicyWorker` behind a JSON-text interface."""
 
-    def __init__(self, cfg_json: str, index: int, run_dir: str | None, threads: int,
-                 gpu_fraction: float | None = None) -> None:
+    def __init__(self, plan_json: str, index: int, run_dir: str | None, gpu_fraction: float | None = None) -> None:
         import torch
 
-        torch.set_num_threads(max(1, threads))
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         import ray
 
-        from mutualrl.config import load_config
+        from mutualrl.resolve import RunPlan
         from mutualrl.worker import PolicyWorker
 
-        cfg = load_config(json.loads(cfg_json), check_paths=False)
-        device = None
+        plan = RunPlan.from_dict(json.loads(plan_json))  # resolved by the controller: nothing is checked again
         if ray.get_gpu_ids():  # Ray set CUDA_VISIBLE_DEVICES to the GPU this actor's bundle reserved
-            device = "cuda:0"
-            cfg.device = device
-            for p in cfg.policies:
-                p.device = "auto"
+            plan = plan.placed(index, device="cuda:0", threads=plan.workers[index].threads)
             if gpu_fraction and gpu_fraction < 1:
-                import torch
-
-                torch.cuda.set_per_process_memory_fraction(float(gpu_fraction), torch.device(device))
-        self.worker = PolicyWorker(cfg, index, run_dir, threads=threads, device=device)
+                torch.cuda.set_per_process_memory_fraction(float(gpu_fraction), torch.device("cuda:0"))
+        self.worker = PolicyWorker(plan, index, run_dir)
 
     def call(self, method: str, args_json: str) -> str:
         """Run ``method(*args)``; the reply is JSON text with the result, wall and CPU time."""
-        if method.startswith("_") or not callable(getattr(self.worker, method, None)):
-            raise AttributeError(f"PolicyWorker has no public method {method!r}")
+        method = remote_name(method)
         t0, c0 = time.perf_counter(), time.process_time()
         result = getattr(self.worker, method)(*json.loads(args_json))
         return json.dumps({"result": result, "wall_s": time.perf_counter() - t0,
@@ -134,12 +128,13 @@ class RayScheduler(Scheduler):
         self.last_wall_s: dict[int, float | None] = {}
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, cfg: RunConfig, run_dir: Path | None) -> list[dict[str, Any]]:
+    def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
         ray = _import_ray()
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self._started_ray = connect_ray()
+        cfg = plan.config
         self.timeout = float(cfg.step_timeout_s)
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
         resources = Resources.from_ray()
@@ -148,9 +143,7 @@ class RayScheduler(Scheduler):
         self.plan.fixed = True  # Ray bundles are fixed once placed: calibrate, report, do not move
         self.plan.say(self.plan.allocation.describe())
         self.exchange_url = self._exchange(cfg, resources)
-        data = cfg.to_dict()
-        data["exchange"] = self.exchange_url
-        cfg_json = json.dumps(data)
+        plan = dataclasses.replace(plan, config=dataclasses.replace(cfg, exchange=self.exchange_url))
         self.names = [p.name for p in cfg.policies]
         actor_cls = ray.remote(RayPolicyWorker)
         try:
@@ -170,12 +163,12 @@ class RayScheduler(Scheduler):
                 actor = actor_cls.options(
                     num_cpus=b["CPU"], num_gpus=b.get("GPU", 0), max_restarts=0, max_concurrency=1,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(self.groups[i], placement_group_bundle_index=0),
-                ).remote(cfg_json, i, str(self.run_dir) if self.run_dir else None, pl.threads,
-                         pl.gpu_fraction if pl.gpu is not None else None)
+                ).remote(json.dumps(plan.placed(i, threads=max(1, pl.threads)).to_dict()), i,
+                         str(self.run_dir) if self.run_dir else None, pl.gpu_fraction if pl.gpu is not None else None)
                 self.actors.append(actor)
             wheres = self._gather([a.where.remote() for a in self.actors], "start", raw=True)
             self.node_ids = [json.loads(w)["node_id"] for w in wheres]
-            infos = self.call("info")
+            infos = self.call(WorkerAPI.info)
         except BaseException:
             self.close()
             raise
@@ -249,7 +242,7 @@ class RayScheduler(Scheduler):
             self._started_ray = False
 
     # ------------------------------------------------------------------ calls
-    def call(self, method: str, *args: Any) -> list[Any]:
+    def _call(self, method: str, *args: Any) -> list[Any]:
         refs = [a.call.remote(method, json.dumps(list(args))) for a in self.actors]
         results = self._gather(refs, method)
         if method in ("rollout", "update") and self.plan is not None:
@@ -257,11 +250,11 @@ class RayScheduler(Scheduler):
                 self.plan.observe(i, method, r, self.last_cpu_s.get(i))
         return results
 
-    def call_one(self, index: int, method: str, *args: Any) -> Any:
+    def _call_one(self, index: int, method: str, *args: Any) -> Any:
         ref = self.actors[index].call.remote(method, json.dumps(list(args)))
         return self._gather([ref], method, indices=[index])[0]
 
-    def submit(self, index: int, method: str, *args: Any) -> None:
+    def _submit(self, index: int, method: str, *args: Any) -> None:
         if index in self._inflight:
             raise WorkerFailed(self.names[index], f"{method}() sent while {self._inflight[index][1]}() is running")
         ref = self.actors[index].call.remote(method, json.dumps(list(args)))

@@ -4,7 +4,8 @@ Protocol: one JSON object per line. The controller writes ``{"id": n, "method": 
 to the process's stdin; the worker answers on its stdout with ``{"id": n, "ok": true, "result": ...}``
 (plus ``wall_s`` and ``cpu_s``, the call's wall time and the CPU time of all the process's threads)
 or ``{"id": n, "ok": false, "error": "...", "traceback": "..."}``. Nothing is pickled. Special
-methods: ``__init__`` (``cfg`` as a dict, index, run_dir, threads, nice) creates the
+methods: ``__init__`` (the :class:`~mutualrl.resolve.RunPlan` as a dict, index, run_dir, nice, GPU
+memory share) creates the
 :class:`~mutualrl.worker.PolicyWorker`; ``__nice__`` changes the CPU priority of all its threads;
 ``__exit__`` ends the loop. Anything the libraries print goes to stderr (the worker's log), so the
 protocol stream stays clean. The worker exits when its stdin closes (the controller is gone).
@@ -38,8 +39,8 @@ class _Loop:
     def __init__(self) -> None:
         self.worker: Any = None
 
-    def init(self, cfg: dict[str, Any], index: int, run_dir: str | None, threads: int | None,
-             nice: int = 0, device: str | None = None, gpu_fraction: float | None = None) -> dict[str, Any]:
+    def init(self, plan: dict[str, Any], index: int, run_dir: str | None, nice: int = 0,
+             gpu_fraction: float | None = None) -> dict[str, Any]:
         import torch
 
         if nice:
@@ -48,17 +49,14 @@ class _Loop:
             torch.set_num_interop_threads(1)
         except RuntimeError:  # already set
             pass
-        from mutualrl.config import load_config
+        from mutualrl.resolve import RunPlan
         from mutualrl.worker import PolicyWorker
 
-        run_cfg = load_config(cfg, check_paths=False)
+        run_plan = RunPlan.from_dict(plan)  # resolved by the controller: nothing is read or checked again
+        device = run_plan.workers[index].device
         if device is not None and device.startswith("cuda") and gpu_fraction:
             torch.cuda.set_per_process_memory_fraction(float(gpu_fraction), torch.device(device))
-        if device is not None:  # the device this process was given: every policy setting names it cuda:0
-            run_cfg.device = device
-            for p in run_cfg.policies:
-                p.device = "auto"
-        self.worker = PolicyWorker(run_cfg, index, run_dir, threads=threads, device=device)
+        self.worker = PolicyWorker(run_plan, index, run_dir)
         return self.worker.info() | {"threads": torch.get_num_threads(), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
 
     def dispatch(self, method: str, args: list[Any]) -> Any:
@@ -68,9 +66,9 @@ class _Loop:
             return set_nice(*args)
         if self.worker is None:
             raise RuntimeError(f"{method}() before __init__")
-        if method.startswith("_") or not callable(getattr(self.worker, method, None)):
-            raise AttributeError(f"PolicyWorker has no public method {method!r}")
-        return getattr(self.worker, method)(*args)
+        from mutualrl.worker_api import remote_name
+
+        return getattr(self.worker, remote_name(method))(*args)
 
 
 def main() -> int:

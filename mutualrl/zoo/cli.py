@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mutualrl.errors import UserError
-from mutualrl.zoo.build import build_zoo, is_built, load_card, policy_dir
+from mutualrl.zoo.build import build_zoo, is_built, is_shipped, load_card, policy_dir
 from mutualrl.zoo.specs import DEFAULT_NAMES, ZOO, ZooSpec, check_names
 
 TASK_FILE_HELP = """A YAML file with a run config's `task:` section and a `zoo:` section that
@@ -24,9 +24,8 @@ def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec]]:
     """The task and the zoo specs a ``zoo build --task FILE`` asks for (``UserError`` if invalid)."""
     import yaml
 
-    from mutualrl.config import TaskConfig, validate_task
     from mutualrl.errors import ConfigError
-    from mutualrl.schema import build
+    from mutualrl.resolve import resolve_task
     from mutualrl.tasks.build import build_task
 
     p = Path(path)
@@ -38,8 +37,7 @@ def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec]]:
         raise UserError(f"--task: {p} is not valid YAML ({' '.join(str(exc).split())})") from None
     if not isinstance(data, dict) or "task" not in data or "zoo" not in data:
         raise UserError(f"--task: {p} needs a `task:` and a `zoo:` section.\n{TASK_FILE_HELP}")
-    tcfg = build(TaskConfig, data["task"], "task")
-    validate_task(tcfg)
+    tcfg = resolve_task(data["task"])
     try:
         task = build_task(tcfg)
     except (ValueError, OSError) as exc:
@@ -95,7 +93,8 @@ def _cmd_build(args: Any) -> int:
     else:
         if args.names:
             check_names(args.names)
-        dirs = build_zoo(args.names or None, seed=args.seed, cache_dir=args.cache_dir, progress=True, jobs=args.jobs)
+        dirs = build_zoo(args.names or None, seed=args.seed, cache_dir=args.cache_dir, progress=True, jobs=args.jobs,
+                         shipped=not args.rebuild)
     for name, path in dirs.items():
         card = load_card(path)
         acc = "  ".join(f"{k} {v:.1%}" for k, v in card["accuracy_greedy"].items())
@@ -112,14 +111,16 @@ def _cmd_list(args: Any) -> int:
         path = policy_dir(name, args.seed, args.cache_dir)
         if is_built(path):
             card = load_card(path)
-            state = "built: greedy " + ", ".join(f"{k} {v:.1%}" for k, v in card["accuracy_greedy"].items())
+            how = "shipped" if is_shipped(name, args.seed) else "built"
+            state = f"{how}: greedy " + ", ".join(f"{k} {v:.1%}" for k, v in card["accuracy_greedy"].items())
         else:
             state = "not built"
         default = "*" if name in DEFAULT_NAMES else " "
         bands = ", ".join(f"{k} {lo:.0%}-{hi:.0%}" for k, (lo, hi) in spec.bands.items())
         print(f"{default} zoo:{name:10s} {spec.arch:8s} {spec.tokenizer:8s} L{spec.n_layer} d{spec.n_embd}  "
               f"bands [{bands}]  {state}")
-    print("(* = built by default; `mutualrl zoo build --names ...` builds others)")
+    print("(* = the default policies, shipped prebuilt for build seed 0; `mutualrl zoo build --names ...` builds "
+          "others, `--rebuild` builds the default ones on this machine)")
     return 0
 
 
@@ -145,5 +146,9 @@ def register(subparsers: Any) -> None:
             q.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
                            help="policies built at once, one process and one torch thread each (default: one "
                            "per core; the weights are the same as one after another; a --task build runs them one after another)")
+            q.add_argument("--rebuild", action="store_true",
+                           help="build the default policies (seed 0) on this machine instead of using the shipped, "
+                           "hash-checked weights (floating-point rounding differs between CPUs, so the weights will "
+                           "differ; a finished local build is cached and reused)")
         q.set_defaults(func=func)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

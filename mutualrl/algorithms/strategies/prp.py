@@ -20,7 +20,7 @@ from mutualrl.algorithms.sharing import (
 )
 
 
-@register_strategy("prp", reads=("rollout",), pools_advantages=True)
+@register_strategy("prp", reads=("rollout",), pools_advantages=True, trains_peer_rollouts=True)
 def prp(ctx: ShareContext, batch: TrainBatch) -> None:
     """Peer rollout pooling: re-verified peer samples train as off-policy rows."""
     s = ctx.sharing
@@ -29,16 +29,19 @@ def prp(ctx: ShareContext, batch: TrainBatch) -> None:
     if ctx.align_peer is None:
         raise RuntimeError("prp needs THL (align_peer)")
     per_group = []
+    reasons: dict[str, int] = defaultdict(int)
     for g in ctx.groups:
         kept, aligned = [], []
         for r in ctx.peers.rollouts.get(g.problem.id, [])[: s.prp_max_peer_per_prompt]:
             res = ctx.align_peer(r, g.prompt_ids)
-            if res is None:
+            if res.refused:
                 refused += 1
+                reasons[res.refused] += 1
                 continue
             kept.append(r.completion)
-            aligned.append(res)
-            for k, v in res[2].items():
+            aligned.append((res.ids, res.chunks, res.residual))
+            batch.peer_rows[r.source_policy] += 1
+            for k, v in res.residual.items():
                 residual_sum[k] += v
         # re-verify: the reward of a peer sample is the learner's own verifier's, never the claim
         rewards = ctx.score([g.problem] * len(kept), kept)[0] if kept else []
@@ -58,5 +61,7 @@ def prp(ctx: ShareContext, batch: TrainBatch) -> None:
             n_peer += 1
     batch.metrics["prp_peer_samples"] = n_peer
     batch.metrics["prp_refused"] = refused
+    for reason, n in reasons.items():
+        batch.metrics[f"prp_refused/{reason}"] = n
     for k, v in residual_sum.items():
         batch.metrics[f"prp_thl_{k}"] = v / max(1, n_peer)

@@ -7,16 +7,23 @@ as the learner would emit them after its own prompt and weighted by ``sgt_lambda
 
 from __future__ import annotations
 
-from mutualrl.algorithms.sharing import ShareContext, TrainBatch, TrainRow, register_strategy
-from mutualrl.tasks.base import SUCCESS_THRESHOLD
+from collections import Counter
+
+from mutualrl.algorithms.sharing import (
+    ShareContext,
+    TrainBatch,
+    TrainRow,
+    register_strategy,
+    verified_successes,
+)
 
 
 @register_strategy("sgt", reads=("verified_success",))
 def sgt(ctx: ShareContext, batch: TrainBatch) -> None:
     """Success-gated transfer: re-verified peer successes rescue prompts the learner failed."""
     s = ctx.sharing
-    rescue, refused, gate_open = 0, 0, 0
-    replayed = 0
+    tally: Counter[str] = Counter()
+    rescue = gate_open = replayed = 0
     for g in ctx.groups:
         if not g.failed:
             if s.sgt_replay_own and g.texts:
@@ -28,17 +35,15 @@ def sgt(ctx: ShareContext, batch: TrainBatch) -> None:
         gate_open += 1
         if rescue >= s.sgt_max_per_step:
             continue
-        for succ in ctx.peers.successes.get(g.problem.id, []):
-            # the learner's own verifier decides; a peer's claim of success is only a hint
-            if ctx.score([g.problem], [succ.completion])[1][0] < SUCCESS_THRESHOLD:
-                refused += 1
-                continue
-            ids = ctx.encode_completion(g.prompt_ids, succ.completion)
-            batch.rows.append(TrainRow(g.prompt_ids, ids, 0.0, None, "rescue", None, s.sgt_lambda))
+        found = next(verified_successes(ctx, g.problem, g.prompt_ids, ctx.peers.successes.get(g.problem.id, []),
+                                        tally), None)
+        if found is not None:
+            batch.rows.append(TrainRow(g.prompt_ids, found[0], 0.0, None, "rescue", None, s.sgt_lambda))
+            batch.peer_rows[found[2]] += 1
             rescue += 1
-            break
     batch.metrics["sgt_gate_open"] = gate_open
     batch.metrics["sgt_rescue"] = rescue
-    batch.metrics["sgt_refused"] = refused
+    batch.metrics["sgt_refused"] = tally["refused"]
+    batch.metrics["sgt_unrepresentable"] = tally["unrepresentable"]
     if s.sgt_replay_own:
         batch.metrics["sgt_replayed_own"] = replayed

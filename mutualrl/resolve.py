@@ -1,0 +1,300 @@
+"""One way in: a YAML file (or dict), overrides and the machine become one frozen, validated plan.
+
+:func:`resolve` is the only place where settings are read and checked: ``mutualrl train``,
+``--resume``, ``eval``, ``plan``, the Python API, the trainer and every scheduler consume the
+:class:`RunPlan` it returns unchanged; worker processes receive it as JSON
+(:meth:`RunPlan.to_dict`) and rebuild it without re-reading anything. Overrides are dotted paths
+into the config (``policies.0.grpo.learning_rate=3e-5``, :func:`parse_overrides`); on a resumed
+run an override is applied only where it cannot change what was already computed (:data:`RESUMABLE`)
+and refused otherwise, naming the field (:func:`resolve_run`).
+
+The checks here are those that look outside the config: strategy names (the registry), datasets
+and data files, reward functions, model references and directories, devices, LoRA and vLLM
+availability, the exchange URL; :func:`mutualrl.config.check_config` did the config's own.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib.util
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mutualrl.algorithms.sharing import check_strategy_name
+from mutualrl.config import (
+    GRPOOptions,
+    RunConfig,
+    TaskConfig,
+    check_config,
+    check_task,
+    parse_config,
+    read_config_data,
+)
+from mutualrl.devices import check_device
+from mutualrl.errors import ConfigError, UserError
+from mutualrl.exchange.url import ExchangeURL
+from mutualrl.modelref import ModelRef, ModelRefError
+from mutualrl.paths import RUN_CONFIG
+from mutualrl.schema import build
+from mutualrl.tasks.base import validate_extraction_mode
+
+RESUMABLE: frozenset[str] = frozenset({"steps", "max_steps", "step_timeout_s", "tensorboard", "report_to"})
+"""Fields an override may change when a run resumes: how long it runs and how it reports. Anything
+else would make the resumed steps differ from the ones an uninterrupted run computes."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one policy worker runs with: its policy, model reference, effective GRPO options and
+    where it is placed (``device``/``threads`` as the scheduler's plan gives them; None: the
+    policy's or run's own setting, ``auto`` meaning the plan's GPU or the CPU)."""
+
+    index: int
+    name: str
+    model: str
+    options: GRPOOptions
+    device: str | None = None
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run's resolved settings: the validated config and one :class:`WorkerSpec` per policy."""
+
+    config: RunConfig
+    workers: tuple[WorkerSpec, ...]
+    data_read: bool = False
+    """Whether the task's data and the models' hub ids were read while resolving (``read_data``)."""
+
+    @property
+    def exchange(self) -> ExchangeURL | None:
+        """The exchange as a parsed URL; None for ``sqlite`` (a file in the run directory)."""
+        return None if self.config.exchange == "sqlite" else ExchangeURL.from_str(self.config.exchange)
+
+    def placed(self, index: int, *, device: str | None = None, threads: int | None = None) -> RunPlan:
+        """This plan with worker ``index`` placed on ``device`` with ``threads`` (what a scheduler
+        decided); the rest unchanged."""
+        workers = list(self.workers)
+        workers[index] = dataclasses.replace(workers[index], device=device, threads=threads)
+        return dataclasses.replace(self, workers=tuple(workers))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (for a worker process or actor): the config and the placements."""
+        return {"config": self.config.to_dict(),
+                "placements": [{"device": w.device, "threads": w.threads} for w in self.workers]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RunPlan:
+        """Inverse of :meth:`to_dict`: the plan a controller resolved (its checks are not run again)."""
+        plan = plan_of(parse_config(copy.deepcopy(dict(d["config"]))))
+        for i, pl in enumerate(d.get("placements", [])):
+            plan = plan.placed(i, device=pl.get("device"), threads=pl.get("threads"))
+        return plan
+
+
+def plan_of(cfg: RunConfig) -> RunPlan:
+    """The plan of an already checked config (no placement yet)."""
+    return RunPlan(cfg, tuple(WorkerSpec(i, p.name, p.model, cfg.policy_grpo(i)) for i, p in enumerate(cfg.policies)))
+
+
+# ----------------------------------------------------------------------------- overrides
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``["a.b=1", "policies.0.grpo.learning_rate=3e-5"]`` -> ``{"a.b": 1, ...}``; values are read
+    as YAML scalars (numbers, booleans, null, strings)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise UserError(f"--set expects FIELD=VALUE (e.g. policies.0.grpo.learning_rate=3e-5), got {item!r}")
+        try:
+            out[key.strip()] = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = text
+    return out
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``data`` with each dotted ``field.sub.N.leaf`` of ``overrides`` set (list
+    items by index); ``ConfigError`` naming the path when it runs through something that is not a
+    mapping or a list, or past a list's end."""
+    out = copy.deepcopy(dict(data))
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        node: Any = out
+        for depth, key in enumerate(parts):
+            last = depth == len(parts) - 1
+            where = ".".join(parts[:depth + 1])
+            if isinstance(node, list):
+                if not key.isdigit() or int(key) >= len(node):
+                    raise ConfigError(where, f"list index out of range (the list has {len(node)} items)")
+                if last:
+                    node[int(key)] = value
+                else:
+                    node = node[int(key)]
+            elif isinstance(node, dict):
+                if last:
+                    node[key] = value
+                else:
+                    node = node.setdefault(key, {})
+            else:
+                raise ConfigError(where, f"cannot set a field inside {type(node).__name__} value {node!r}")
+    return out
+
+
+# ----------------------------------------------------------------------------- resolving
+def resolve(source: str | Path | Mapping[str, Any] | RunConfig | RunPlan, overrides: Mapping[str, Any] | None = None,
+            *, check_paths: bool = True, read_data: bool = False) -> RunPlan:
+    """Read ``source`` (a YAML path, a mapping, a :class:`RunConfig` or a plan), apply ``overrides``
+    (dotted paths) and check everything; the frozen :class:`RunPlan`. Raises :class:`ConfigError`
+    (a :class:`UserError`: exit code 2) naming the first bad field. ``check_paths=False`` skips
+    what needs the files (model directories, data files), e.g. to plan for another machine;
+    ``read_data`` also builds the task (reads every data file: seconds) and asks the hub for the
+    config of each hub model, as a run does before it writes anything."""
+    if isinstance(source, RunPlan):
+        if overrides or (read_data and not source.data_read):
+            return resolve(source.config, overrides, check_paths=check_paths, read_data=read_data)
+        return source
+    if isinstance(source, RunConfig):
+        data: dict[str, Any] = source.to_dict()
+    else:
+        data = dict(read_config_data(source if not isinstance(source, Mapping) else dict(source)))
+    if overrides:
+        data = apply_overrides(data, overrides)
+    cfg = parse_config(data)
+    check_outside(cfg, check_paths=check_paths)
+    if read_data:
+        _read_data(cfg)
+    return dataclasses.replace(plan_of(cfg), data_read=read_data)
+
+
+def _read_data(cfg: RunConfig) -> None:
+    """What only shows when it is read: the task's data files, hub model ids."""
+    from mutualrl.tasks.build import build_task
+
+    try:
+        build_task(cfg.task)
+    except (ValueError, OSError) as exc:
+        raise UserError(f"task: {exc}") from None
+    for i, pol in enumerate(cfg.policies):
+        if ModelRef.parse(pol.model).kind != "hub":
+            continue
+        from transformers import AutoConfig
+
+        try:
+            AutoConfig.from_pretrained(pol.model)
+        except (OSError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"policies[{i}].model", f"{pol.model!r} is neither a local model directory nor a "
+                              f"model id that can be loaded ({first})") from None
+
+
+def resolve_run(run_dir: str | Path, overrides: Mapping[str, Any] | None = None) -> RunPlan:
+    """The plan of an existing run directory (its saved ``config.yaml``) for ``--resume`` and
+    ``eval``: overrides of :data:`RESUMABLE` fields are applied, any other is refused naming it."""
+    d = Path(run_dir)
+    if not (d / RUN_CONFIG).is_file():
+        raise UserError(f"{str(d)!r} is not a mutualrl run directory (no {RUN_CONFIG})")
+    for key in overrides or {}:
+        if key.split(".")[0] not in RESUMABLE:
+            raise ConfigError(key, f"cannot change when resuming {d} (the resumed steps would differ from the "
+                              f"ones already trained); a resumed run accepts {', '.join(sorted(RESUMABLE))} "
+                              "- start a new run to change anything else")
+    return resolve(d / RUN_CONFIG, overrides)
+
+
+def run_config(run_dir: str | Path) -> RunConfig:
+    """The config a run directory was trained with (as saved; its paths are not checked again)."""
+    return parse_config(read_config_data(Path(run_dir) / RUN_CONFIG))
+
+
+def load_config(source: str | Path | Mapping[str, Any] | RunConfig, *, check_paths: bool = True,
+                overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """The checked :class:`RunConfig` of ``source`` (:func:`resolve`'s config)."""
+    return resolve(source, overrides, check_paths=check_paths).config
+
+
+def resolve_task(data: Any, *, check_paths: bool = True) -> TaskConfig:
+    """A checked ``task:`` section on its own (``mutualrl zoo build --task``)."""
+    task = build(TaskConfig, data, "task")
+    check_task(task)
+    _check_task_outside(task, check_paths)
+    return task
+
+
+def check_outside(cfg: RunConfig, *, check_paths: bool = True) -> RunConfig:
+    """The checks of a config against the world outside it (see the module docstring)."""
+    check_config(cfg)
+    err = check_device(cfg.device)
+    if err:
+        raise ConfigError("device", err)
+    for i in range(len(cfg.policies)):
+        _check_policy(cfg, i, check_paths)
+    _check_task_outside(cfg.task, check_paths)
+    err = check_strategy_name(cfg.sharing.strategy)
+    if err:
+        raise ConfigError("sharing.strategy", err)
+    if cfg.exchange != "sqlite":
+        try:
+            ExchangeURL.from_str(cfg.exchange)
+        except UserError as exc:
+            raise ConfigError("exchange", f"{exc} (or 'sqlite': a file in the run directory)") from None
+    return cfg
+
+
+def _check_task_outside(t: TaskConfig, check_paths: bool) -> None:
+    from mutualrl.tasks.gym import check_dataset
+    from mutualrl.tasks.rewards import load_reward_function
+
+    for i, d in enumerate(t.datasets):
+        p = f"task.datasets[{i}]"
+        if d.name is not None:
+            err = check_dataset(d.name, {k: tuple(v) if isinstance(v, list) else v for k, v in d.config.items()})
+            if err:
+                raise ConfigError(f"{p}.name" if "unknown reasoning-gym" in err else f"{p}.config", err)
+        elif check_paths and not Path(str(d.path)).is_file():
+            raise ConfigError(f"{p}.path", f"file {d.path!r} does not exist")
+    err = validate_extraction_mode(t.answer_extraction)
+    if err:
+        raise ConfigError("task.answer_extraction", f"{err}, got {t.answer_extraction!r}")
+    for i, rf in enumerate(t.reward_functions):
+        try:
+            load_reward_function(rf)
+        except ValueError as exc:
+            raise ConfigError(f"task.reward_functions[{i}]", str(exc)) from None
+
+
+def _check_policy(cfg: RunConfig, i: int, check_paths: bool) -> None:
+    from mutualrl.devices import cuda_supports_bf16
+
+    pol = cfg.policies[i]
+    p = f"policies[{i}]"
+    try:
+        ref = ModelRef.parse(pol.model)
+    except ModelRefError as exc:
+        raise ConfigError(f"{p}.model", str(exc)) from None
+    if check_paths and ref.kind == "dir":
+        path = Path(ref.name)
+        if not path.is_dir():
+            raise ConfigError(f"{p}.model", f"model directory {pol.model!r} does not exist")
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{p}.model", f"{pol.model!r} is not a Hugging Face model directory (no config.json)")
+    err = check_device(pol.device)
+    if err:
+        raise ConfigError(f"{p}.device", err)
+    dev = pol.device if pol.device != "auto" else cfg.device
+    if cfg.policy_grpo(i).dtype == "bfloat16" and dev.startswith("cuda") and not cuda_supports_bf16(dev):
+        raise ConfigError(f"{p}.grpo.dtype", f"bfloat16 is not supported by {dev}; use dtype: auto or float32")
+    if pol.peft is not None and importlib.util.find_spec("peft") is None:
+        raise ConfigError(f"{p}.peft", "LoRA needs the peft package: pip install peft (or mutualrl[peft])")
+    if pol.generation.engine == "vllm":
+        from mutualrl.engines.vllm import check_vllm
+
+        local = ref.local_dir()
+        err = check_vllm(str(local) if local is not None and local.is_dir() else None)
+        if err:
+            raise ConfigError(f"{p}.generation.engine", err)
