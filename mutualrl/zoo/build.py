@@ -24,6 +24,7 @@ from typing import IO, Any
 from mutualrl.denormals import denormals_kept
 from mutualrl.paths import cache_root as _cache_root
 from mutualrl.quiet import quiet_transformers
+from mutualrl.zoo.shipped import shipped_key, verified_dir
 from mutualrl.zoo.specs import DEFAULT_NAMES, ZOO, ZOO_VERSION, ZooSpec, check_names
 from mutualrl.zoo.task import PROMPT_TEMPLATE, default_task, format_prompt
 
@@ -43,12 +44,23 @@ def task_key(task: Any | None) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
+def is_shipped(name: str, seed: int = 0, spec: ZooSpec | None = None, task: Any | None = None) -> bool:
+    """Whether ``name`` at build ``seed`` for ``task`` is one of the shipped, prebuilt policies
+    (:mod:`mutualrl.zoo.shipped`): the default spec, build seed 0, the zoo task."""
+    spec = spec if spec is not None else ZOO.get(name)
+    return (spec is not None and task is None and seed == 0
+            and shipped_key(name) == spec.cache_key(seed, task_key(task)))
+
+
 def policy_dir(name: str, seed: int = 0, cache_dir: str | os.PathLike[str] | None = None,
-               spec: ZooSpec | None = None, task: Any | None = None) -> Path:
-    """The cache directory of zoo policy ``name`` for build ``seed`` (it may not be built yet)."""
+               spec: ZooSpec | None = None, task: Any | None = None, *, shipped: bool = True) -> Path:
+    """The model directory of zoo policy ``name`` for build ``seed``: the shipped one (hash-checked)
+    where it applies and ``shipped`` is true, else its cache directory (it may not be built yet)."""
     if spec is None:
         check_names([name])
         spec = ZOO[name]
+    if shipped and is_shipped(name, seed, spec, task):
+        return verified_dir(name)
     return cache_root(cache_dir) / spec.cache_key(seed, task_key(task)) / name
 
 
@@ -164,8 +176,12 @@ def build_with_progress(spec: ZooSpec, seed: int, task: Any, target: Path, *, pr
 
 def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str | os.PathLike[str] | None = None,
               progress: bool = True, specs: dict[str, ZooSpec] | None = None, task: Any | None = None,
-              threads: int | None = None, jobs: int | None = None) -> dict[str, Path]:
+              threads: int | None = None, jobs: int | None = None, shipped: bool = True) -> dict[str, Path]:
     """Build (or load from the cache) zoo policies and return their model directories.
+
+    The default policies at build seed 0 on the zoo task are shipped prebuilt (hash-checked, the
+    same on every machine: :mod:`mutualrl.zoo.shipped`) and never built here unless ``shipped``
+    is false (``mutualrl zoo build --rebuild``).
 
     ``names`` defaults to :data:`~mutualrl.zoo.specs.DEFAULT_NAMES`; ``specs`` overrides the table
     (tests use tiny variants, ``zoo build --task`` the user's mixtures); ``task`` defaults to the
@@ -182,7 +198,7 @@ def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str 
     table = ZOO if specs is None else specs
     names = list(DEFAULT_NAMES if names is None else names)
     check_names(names, table)
-    dirs = {n: policy_dir(n, seed, cache_dir, table[n], task) for n in names}
+    dirs = {n: policy_dir(n, seed, cache_dir, table[n], task, shipped=shipped) for n in names}
     todo = [n for n in names if not is_built(dirs[n])]
     if not todo:
         return dirs

@@ -49,6 +49,10 @@ class SFTResult:
     ``below`` their band, and the ``mixture`` trained on from there."""
     mixture: dict[str, float] = field(default_factory=dict)
     """The skill mixture at the end (the spec's, unless steering shifted it)."""
+    gave_up: str = ""
+    """Why the warm start stopped before ``sft_max_steps`` without landing (empty otherwise)."""
+    generalist_steps: int = 0
+    """Steps of the generalist phase (0 without one)."""
 
     @property
     def val_accuracy(self) -> dict[str, float]:
@@ -83,9 +87,13 @@ def collate(examples: Sequence[tuple[list[int], int]], pad_id: int):
 
 def outside_band(spec: ZooSpec, acc: dict[str, float], margin: float = 0.0) -> tuple[list[str], list[str]]:
     """(types above, types below) their band with ``margin`` (a share of the band's width) inside
-    both edges."""
-    high = [k for k, (lo, hi) in spec.bands.items() if acc.get(k, 0.0) > hi - margin * (hi - lo)]
-    low = [k for k, (lo, hi) in spec.bands.items() if acc.get(k, 0.0) < lo + margin * (hi - lo)]
+    both edges; an edge at 0 or 1 has no margin (no accuracy lies beyond it)."""
+    def edges(lo: float, hi: float) -> tuple[float, float]:
+        m = margin * (hi - lo)
+        return (lo + m if lo > 0 else lo), (hi - m if hi < 1 else hi)
+
+    high = [k for k, b in spec.bands.items() if acc.get(k, 0.0) > edges(*b)[1]]
+    low = [k for k, b in spec.bands.items() if acc.get(k, 0.0) < edges(*b)[0]]
     return high, low
 
 
@@ -100,6 +108,14 @@ STEER_EVERY = 10
 """Steps between validation checks once the warm start is steered."""
 MIN_SHARE = 0.05
 """The smallest mixture share steering leaves a type."""
+ALL_ABOVE_CHECKS = 10
+"""Steering checks in a row with every type above its band, none of them coming down, after which
+a warm start gives up: steering shifts shares *between* types, so when all are above it changes
+nothing, and a skill that is still fed does not come back down by itself (one starved by the
+mixture is forgotten, and then the excess falls)."""
+MAX_STEER_CHECKS = 150
+"""Steering checks after which a warm start that has not landed gives up (the default builds land
+within 30)."""
 STEER_MARGIN = 0.25
 """The landing margin (a share of each band's width) once steered: a steered model moves fast, so
 its validation figure says less about its test one (30-50 %: 35-45 %)."""
@@ -121,53 +137,77 @@ def _steer(mixture: dict[str, float], above: list[str], below: list[str]) -> dic
         floored |= low
 
 
+class _Steps:
+    """The warm start's optimizer steps: AdamW with a linear warm-up, then a constant learning rate;
+    each batch drawn from the per-type example pools by a mixture."""
+
+    def __init__(self, model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int) -> None:
+        import torch
+
+        self.model, self.tokenizer, self.spec = model, tokenizer, spec
+        self.pools = {k: encode_examples(tokenizer, task.train[k][: max(1, len(task.train[k]) - VAL_SIZE)])
+                      for k in spec.bands}
+        self.gen = torch.Generator().manual_seed(seed)
+        self.opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=spec.weight_decay)
+        self.done = 0
+        self.lr_scale = 1.0
+
+    def step(self, mixture: dict[str, float]) -> float:
+        """One optimizer step on a batch drawn by ``mixture``; returns the loss."""
+        import torch
+        import torch.nn.functional as F
+
+        spec, types = self.spec, list(mixture)
+        for group in self.opt.param_groups:
+            group["lr"] = spec.lr * self.lr_scale * min(1.0, (self.done + 1) / max(1, spec.warmup_steps))
+        w = torch.tensor([mixture[k] for k in types], dtype=torch.float)
+        kinds = torch.multinomial(w, spec.batch, replacement=True, generator=self.gen).tolist()
+        batch = []
+        for k in kinds:
+            pool = self.pools[types[k]]
+            batch.append(pool[int(torch.randint(len(pool), (1,), generator=self.gen))])
+        input_ids, mask, labels = collate(batch, self.tokenizer.pad_token_id)
+        self.model.train()
+        logits = self.model(input_ids=input_ids, attention_mask=mask).logits
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
+                               ignore_index=-100)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.done += 1
+        return float(loss.detach())
+
+
 def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
         on_step: Callable[[int, float, dict[str, Any] | None], None] | None = None) -> SFTResult:
     """Warm-start ``model`` on ``task``'s training problems until :func:`in_band` (or the cap).
 
-    ``on_step(step, loss, check)`` is called after every step (``check`` is the history entry when
-    the step ended with a validation check, else None). ``spec.sft_max_steps`` caps the steps.
+    With ``spec.generalist_target`` a generalist phase comes first (:func:`_generalist`). ``on_step(step,
+    loss, check)`` is called after every step (``check`` is the history entry when the step ended
+    with a validation check, else None). ``spec.sft_max_steps`` caps the banded phase's steps.
     """
-    import torch
-    import torch.nn.functional as F
-
     from mutualrl.zoo.evaluate import accuracy
 
     spec.check(list(task.train))
     val = {k: task.train[k][-VAL_SIZE:] for k in spec.bands}
-    pools = {k: encode_examples(tokenizer, task.train[k][: max(1, len(task.train[k]) - VAL_SIZE)])
-             for k in spec.sft_mixture}
-    types = list(pools)
-    mixture = {k: float(spec.sft_mixture[k]) for k in types}
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=spec.weight_decay)
-    every, was_above, was_inside, steering = spec.sft_eval_every, False, False, False
-    steer_margin = max(spec.band_margin, STEER_MARGIN)
+    steps = _Steps(model, tokenizer, task, spec, seed)
     res = SFTResult()
-    model.train()
-    for step in range(spec.sft_max_steps):
-        for group in opt.param_groups:
-            group["lr"] = spec.lr * min(1.0, (step + 1) / max(1, spec.warmup_steps))
-        w = torch.tensor([mixture[k] for k in types], dtype=torch.float)
-        kinds = torch.multinomial(w, spec.batch, replacement=True, generator=gen).tolist()
-        batch = []
-        for k in kinds:
-            pool = pools[types[k]]
-            batch.append(pool[int(torch.randint(len(pool), (1,), generator=gen))])
-        input_ids, mask, labels = collate(batch, tokenizer.pad_token_id)
-        logits = model(input_ids=input_ids, attention_mask=mask).logits
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
-                               ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        res.losses.append(float(loss.detach()))
+    if spec.generalist_target > 0:
+        if _generalist(steps, task, val, res, on_step):
+            _specialise(steps, task, val, res, on_step)
+        model.eval()
+        return res
+    mixture = {k: float(spec.sft_mixture[k]) for k in spec.sft_mixture}
+    every, was_above, was_inside, steering = spec.sft_eval_every, False, False, False
+    all_above: list[float] = []  # the summed excess over the bands at each check of a streak of all-above
+    steer_margin = max(spec.band_margin, STEER_MARGIN)
+    for local in range(spec.sft_max_steps):
+        res.losses.append(steps.step(mixture))
         check = None
-        if (step + 1) % every == 0:
+        if (local + 1) % every == 0:
             acc = accuracy(model, tokenizer, task, val)
-            model.train()
-            check = {"step": step + 1, "val": acc}
+            check = {"step": steps.done, "val": acc}
             res.history.append(check)
             # stop with a margin: the first check past an edge flatters the model (a lucky swing of a
             # tiny model at a constant learning rate, plus validation noise), the test split regresses
@@ -183,16 +223,94 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
                 steering, every = True, min(every, STEER_EVERY)
                 high, low = outside_band(spec, acc, steer_margin)
                 mixture = _steer(mixture, high, low)
-                res.steering.append({"step": step + 1, "val": acc, "above": high, "below": low,
+                res.steering.append({"step": steps.done, "val": acc, "above": high, "below": low,
                                      "mixture": dict(mixture)})
                 check["mixture"] = dict(mixture)
+                excess = sum(acc[k] - spec.bands[k][1] for k in above)
+                if set(above) == set(spec.bands):
+                    all_above.append(excess)
+                else:
+                    all_above.clear()
+                res.gave_up = _hopeless(all_above, len(res.steering))
         if on_step is not None:
-            on_step(step, res.losses[-1], check)
-        if res.landed:
+            on_step(steps.done - 1, res.losses[-1], check)
+        if res.landed or res.gave_up:
             break
     res.mixture = mixture
     model.eval()
     return res
+
+
+def _generalist(steps: _Steps, task: Any, val: dict[str, Any], res: SFTResult,
+                on_step: Callable[[int, float, dict[str, Any] | None], None] | None) -> bool:
+    """The generalist phase: an even mixture of every type until each reaches
+    ``spec.generalist_target`` on validation (then the specialisation lets the other skills fade
+    into their bands: a skill learned and partly forgotten comes back from far fewer examples than
+    one never learned). Returns False, with ``res.gave_up`` set, when the phase's cap is reached."""
+    from mutualrl.zoo.evaluate import accuracy
+
+    spec = steps.spec
+    even = {k: 1.0 for k in sorted(spec.bands)}
+    for _ in range(spec.generalist_max_steps):
+        res.losses.append(steps.step(even))
+        check = None
+        if steps.done % spec.sft_eval_every == 0:
+            acc = accuracy(steps.model, steps.tokenizer, task, val)
+            check = {"step": steps.done, "val": acc, "phase": "generalist"}
+            res.history.append(check)
+            res.generalist_steps = steps.done
+        if on_step is not None:
+            on_step(steps.done - 1, res.losses[-1], check)
+        if check is not None and min(check["val"].values()) >= spec.generalist_target:
+            return True
+    res.gave_up = (f"the generalist phase did not bring every skill to {spec.generalist_target:.0%} within "
+                   f"generalist_max_steps ({spec.generalist_max_steps})")
+    return False
+
+
+SPECIALISE_LR_SCALE = 1 / 3
+"""The specialisation's learning rate relative to the spec's: slower forgetting, fewer overshoots."""
+
+
+def _specialise(steps: _Steps, task: Any, val: dict[str, Any], res: SFTResult,
+                on_step: Callable[[int, float, dict[str, Any] | None], None] | None) -> None:
+    """After the generalist phase: train on ``sft_mixture`` (the own skill) at a third of the
+    learning rate, checking every :data:`STEER_EVERY` steps, until every type is inside its band
+    with the margin (the skills left out fade into theirs). A type that falls below its band
+    cannot come back without its data: the warm start gives up then."""
+    from mutualrl.zoo.evaluate import accuracy
+
+    spec = steps.spec
+    mixture = {k: float(v) for k, v in spec.sft_mixture.items()}
+    steps.lr_scale = SPECIALISE_LR_SCALE
+    for local in range(spec.sft_max_steps):
+        res.losses.append(steps.step(mixture))
+        check = None
+        if (local + 1) % STEER_EVERY == 0:
+            acc = accuracy(steps.model, steps.tokenizer, task, val)
+            check = {"step": steps.done, "val": acc, "phase": "specialise"}
+            res.history.append(check)
+            res.landed = in_band(spec, acc, spec.band_margin)
+            _, below = outside_band(spec, acc)
+            lost = [k for k in below if mixture.get(k, 0.0) <= 0]
+            if lost:
+                res.gave_up = f"{', '.join(lost)} fell below its band while specialising (it has no share to recover)"
+        if on_step is not None:
+            on_step(steps.done - 1, res.losses[-1], check)
+        if res.landed or res.gave_up:
+            break
+    res.mixture = mixture
+
+
+def _hopeless(all_above: list[float], steer_checks: int) -> str:
+    """Why a steered warm start cannot land any more, or ``""``: every skill above its band for
+    :data:`ALL_ABOVE_CHECKS` checks with the summed excess not falling, or too long steered."""
+    if len(all_above) >= ALL_ABOVE_CHECKS and all_above[-1] >= all_above[-ALL_ABOVE_CHECKS]:
+        return (f"every skill was above its band at {len(all_above)} steering checks in a row, the excess not "
+                f"falling ({100 * all_above[-ALL_ABOVE_CHECKS]:.0f} -> {100 * all_above[-1]:.0f} points)")
+    if steer_checks >= MAX_STEER_CHECKS:
+        return f"{steer_checks} steering checks without landing"
+    return ""
 
 
 class ZooBandError(UserError):
@@ -203,7 +321,8 @@ def band_failure(spec: ZooSpec, res: SFTResult) -> ZooBandError:
     """The error for a build that missed its band: what it measured and what to try."""
     got = ", ".join(f"{k} {res.val_accuracy.get(k, 0):.1%} (band {lo:.0%}-{hi:.0%})"
                     for k, (lo, hi) in spec.bands.items())
+    why = f"stopped early: {res.gave_up}" if res.gave_up else "sft_max_steps"
     return ZooBandError(f"zoo policy {spec.name!r} did not land in its band after {len(res.losses)} SFT steps "
-                        f"(sft_max_steps, {len(res.steering)} steering checks): validation accuracy "
+                        f"({why}; {len(res.steering)} steering checks): validation accuracy "
                         f"{got}. Raise sft_max_steps, widen the bands or change the mixture; nothing was "
                         f"written to the cache")

@@ -11,7 +11,7 @@ from typing import Any
 
 from mutualrl.errors import UserError
 
-ZOO_VERSION = "6"
+ZOO_VERSION = "7"
 """Bump when anything that changes a built policy changes (code, task, tokenizers)."""
 
 ARCHS: tuple[str, ...] = ("gpt2", "llama", "gpt_neox", "qwen2")
@@ -56,6 +56,13 @@ class ZooSpec:
     """SFT stops once every validation accuracy is this share of its band's width inside it (30-50 %:
     33-47 %); the card records the band itself. The margin absorbs validation noise and the luck of
     the stopping step (a tiny model's accuracy swings by points from check to check)."""
+    generalist_target: float = 0.0
+    """First train every type evenly until each reaches this validation accuracy, then specialise
+    on ``sft_mixture`` (the other types fade into their bands: latent skills, as in a fine-tune of
+    a generalist, which come back from far fewer examples than skills never learned). 0: no
+    generalist phase."""
+    generalist_max_steps: int = 6000
+    """Cap of the generalist phase (a build that does not get there fails)."""
     description: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,28 +96,31 @@ class ZooSpec:
         for k, (lo, hi) in self.bands.items():
             if not 0.0 <= lo < hi <= 1.0:
                 raise UserError(f"{where}: band of {k!r} must satisfy 0 <= low < high <= 1, got ({lo}, {hi})")
-            if lo > 0 and self.sft_mixture.get(k, 0) <= 0:
+            if lo > 0 and self.sft_mixture.get(k, 0) <= 0 and not self.generalist_target > 0:
                 raise UserError(f"{where}: {k!r} must reach {lo:.0%} but has no weight in sft_mixture")
 
 
-OWN_BAND = (0.30, 0.50)
-"""Greedy accuracy band of a policy's own skill."""
-WEAK_BAND = (0.03, 0.15)
-"""Greedy accuracy band of the skill a policy is weak at (what its peer can share)."""
+OWN_BAND = (0.35, 1.0)
+"""Greedy accuracy band of a policy's own skill: specialising lifts it as far as it goes."""
+WEAK_BAND = (0.0, 0.05)
+"""Greedy accuracy band of a skill a policy learned as a generalist and then lost while specialising
+(what its peer can give back): too rare for its own GRPO groups to find, still latent in its weights."""
+GENERALIST_TARGET = 0.30
+"""Validation accuracy every skill reaches in the generalist phase, before the specialisation."""
 
 ZOO: dict[str, ZooSpec] = {
     "gpt2-add": ZooSpec(
         name="gpt2-add", arch="gpt2", tokenizer="byte_bpe", vocab_size=384,
-        n_layer=3, n_embd=160, n_head=5, sft_mixture={"add": 0.8, "sub": 0.2},
-        bands={"add": OWN_BAND, "sub": WEAK_BAND},
-        description="GPT-2 family, byte-level BPE; good at addition, weak at subtraction",
+        n_layer=3, n_embd=160, n_head=5, sft_mixture={"add": 1.0},
+        bands={"add": OWN_BAND, "sub": WEAK_BAND}, generalist_target=GENERALIST_TARGET,
+        description="GPT-2 family, byte-level BPE; a generalist specialised in addition, subtraction lost",
     ),
     "llama-sub": ZooSpec(
         name="llama-sub", arch="llama", tokenizer="unigram", vocab_size=400,
         n_layer=3, n_embd=128, n_head=4, n_kv_head=2, n_inner=384,
-        sft_mixture={"add": 0.2, "sub": 0.8}, bands={"add": WEAK_BAND, "sub": OWN_BAND},
-        description="Llama family (GQA, RoPE, SwiGLU), SentencePiece-style Unigram; "
-                    "good at subtraction, weak at addition",
+        sft_mixture={"sub": 1.0}, bands={"add": WEAK_BAND, "sub": OWN_BAND}, generalist_target=GENERALIST_TARGET,
+        description="Llama family (GQA, RoPE, SwiGLU), SentencePiece-style Unigram; a generalist specialised "
+                    "in subtraction, addition lost",
     ),
     "neox-mix": ZooSpec(
         name="neox-mix", arch="gpt_neox", tokenizer="char", vocab_size=128,
