@@ -46,6 +46,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _hostile import hostile_rows
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -299,7 +302,6 @@ def hostile_check(work: Path, models: dict[str, Path], steps: int, per_kind: int
     from mutualrl.algorithms.sharing import OwnGroup, PeerRows, ShareContext, build_batch
     from mutualrl.exchange import open_exchange
     from mutualrl.experience import parse
-    from mutualrl.faults import hostile_rows
     from mutualrl.resolve import load_config
     from mutualrl.worker import PolicyWorker
 

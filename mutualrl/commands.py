@@ -1,4 +1,8 @@
-"""CLI subcommands for training: ``train``, ``eval``, ``demo``, ``compare``, ``tasks``."""
+"""CLI subcommands for training: ``train``, ``eval``, ``demo``, ``compare``, ``tasks``.
+
+Each command imports what it runs when it runs (the resolver, the trainer, workers: torch and
+transformers come with them), so ``mutualrl --help`` starts without them.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,6 @@ from typing import Any
 
 from mutualrl.errors import UserError
 from mutualrl.paths import METRICS
-from mutualrl.resolve import parse_overrides, resolve, resolve_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -64,6 +67,8 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The config overrides a ``train`` command line asks for, as dotted paths (``--set`` and the
     shortcut flags, which name their fields: ``--seed`` is ``seed``, ``--strategy`` is
     ``sharing.strategy``)."""
+    from mutualrl.resolve import parse_overrides
+
     overrides = parse_overrides(args.set or [])
     for flag, key in (("steps", "steps"), ("seed", "seed"), ("scheduler", "scheduler"),
                       ("strategy", "sharing.strategy")):
@@ -76,6 +81,7 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from mutualrl.resolve import resolve, resolve_run
     from mutualrl.trainer import MutualTrainer
 
     overrides = train_overrides(args)
@@ -98,6 +104,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from mutualrl.checkpoint import latest_checkpoint
+    from mutualrl.resolve import resolve_run
     from mutualrl.worker import PolicyWorker
 
     run_dir = Path(args.run_dir)

@@ -77,19 +77,36 @@ class GRPOOptions:
 
 @dataclass
 class DatasetConfig:
-    """One task source: a reasoning-gym dataset (``name``) or a user file (``path``)."""
+    """One task source: a reasoning-gym dataset (``name``), a user file (``path``) or a Hugging Face
+    dataset (``dataset``)."""
 
     name: str | None = None
     """reasoning-gym dataset name, e.g. ``basic_arithmetic`` (see ``mutualrl tasks list``)."""
     path: str | None = None
-    """A ``.jsonl`` or ``.parquet`` file with question/answer columns (instead of ``name``)."""
+    """A ``.jsonl`` or ``.parquet`` file with question/answer columns."""
+    dataset: str | None = None
+    """A Hugging Face dataset: a ``save_to_disk`` directory, or a hub id (``openai/gsm8k``; loading it
+    needs the network). In Python, ``MutualTrainer(config, train_dataset=ds)`` takes a ``Dataset``."""
     alias: str | None = None
     """Short name used in problem ids and per-type metrics (defaults to the dataset/file name)."""
     weight: float = bounded(1.0, gt=0)
     config: dict[str, Any] = field(default_factory=dict)
     """Options of the reasoning-gym dataset's config dataclass."""
-    question_field: str = "question"
-    answer_field: str = "answer"
+    split: str = "train"
+    """``dataset``: the split to train on (of a ``DatasetDict``)."""
+    test_split: str | None = None
+    """``dataset``: the split to evaluate on (e.g. ``test``); none: a held-out ``test_fraction`` of ``split``."""
+    question_field: str | None = None
+    """The question column (default: the first of question, prompt, problem, messages); a conversational
+    value (a list of chat messages) contributes its last user turn."""
+    answer_field: str | None = None
+    """The gold answer column (default: answer, else solution)."""
+    answer_extractor: str = "raw"
+    """How the gold answer is cut out of ``answer_field``: ``raw``, ``####`` (GSM8K), ``boxed``,
+    ``last_number`` or ``regex:<pattern>`` (any answer extraction mode)."""
+    verifier: Literal["exact", "math"] = "exact"
+    """``exact``: normalised text or number; ``math``: equivalence by math-verify (LaTeX, fractions,
+    decimals, sets, ...). Files and datasets only (reasoning-gym brings its own)."""
     test_fraction: float = bounded(0.2, gt=0, lt=1)
 
 
@@ -245,8 +262,12 @@ class RunConfig:
     still waits for every peer's rollouts of its step (sharing stays two-way), so what async
     buys is a policy's next rollout overlapping a slower peer's update. Evaluations and
     checkpoints wait for everyone."""
-    tensorboard: bool = False
-    """Also write TensorBoard scalars under ``<run>/tb`` (TRL's ``report_to: tensorboard``)."""
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = field(default_factory=list)
+    """Where metrics go besides ``metrics.jsonl`` (TRL's name): ``tensorboard`` (``<run>/tb``), ``wandb``
+    (offline with ``WANDB_MODE=offline``), ``trackio`` (local), several, or ``none``. One tracked run
+    per mutual run, metrics named ``<policy>/<metric>`` (:mod:`mutualrl.tracking`)."""
+    run_name: str | None = None
+    """The tracked run's name (default: the run directory's name)."""
     output_dir: str | None = None
 
     def policy_grpo(self, index: int) -> GRPOOptions:
@@ -263,6 +284,8 @@ class RunConfig:
 
 
 # ----------------------------------------------------------------------------- TRL's names
+REPORT_TO: tuple[str, ...] = ("tensorboard", "wandb", "trackio")
+"""What ``report_to`` may name (besides ``none``)."""
 TRL_ALIASES: dict[str, str] = {"max_steps": "steps", "eval_steps": "eval_every", "save_steps": "checkpoint_every"}
 """Run-level fields accepted under TRL's ``TrainingArguments`` names (``report_to`` is handled too)."""
 
@@ -274,17 +297,24 @@ def _apply_aliases(data: dict[str, Any]) -> dict[str, Any]:
             if name in out:
                 raise ConfigError(alias, f"give either {alias!r} (TRL's name) or {name!r}, not both")
             out[name] = out.pop(alias)
+    if "tensorboard" in out:  # the field's earlier form, a switch
+        if "report_to" in out:
+            raise ConfigError("tensorboard", "give either 'report_to' (TRL's name) or 'tensorboard', not both")
+        flag = out.pop("tensorboard")
+        if not isinstance(flag, bool):
+            raise ConfigError("tensorboard", f"expected true or false, got {flag!r}")
+        out["report_to"] = ["tensorboard"] if flag else []
     if "report_to" in out:
-        value = out.pop("report_to")
+        value = out["report_to"]
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
-            raise ConfigError("report_to", f"expected 'none', 'tensorboard' or a list of them, got {value!r}")
-        unknown = sorted(set(items) - {"none", "tensorboard"})
+            raise ConfigError("report_to", f"expected 'none', 'tensorboard', 'wandb', 'trackio' or a list of them, "
+                              f"got {value!r}")
+        unknown = sorted(set(items) - {"none", *REPORT_TO})
         if unknown:
-            raise ConfigError("report_to", f"{unknown} not supported: use 'tensorboard' or 'none' (got {value!r})")
-        if "tensorboard" in out:
-            raise ConfigError("report_to", "give either 'report_to' (TRL's name) or 'tensorboard', not both")
-        out["tensorboard"] = "tensorboard" in items
+            raise ConfigError("report_to", f"{unknown} not supported: use {', '.join(REPORT_TO)} or none "
+                              f"(got {value!r})")
+        out["report_to"] = [v for v in dict.fromkeys(items) if v != "none"]
     return out
 
 
@@ -306,9 +336,9 @@ def check_task(t: TaskConfig) -> None:
         raise ConfigError("task.datasets", "give at least one dataset (name: <reasoning-gym dataset> or path: FILE), "
                           "or set task.preset: zoo")
     for i, d in enumerate(t.datasets):
-        if (d.name is None) == (d.path is None):
-            raise ConfigError(f"task.datasets[{i}]", "give exactly one of 'name' (reasoning-gym dataset) or 'path' "
-                              "(JSONL/Parquet file)")
+        if sum(x is not None for x in (d.name, d.path, d.dataset)) != 1:
+            raise ConfigError(f"task.datasets[{i}]", "give exactly one of 'name' (reasoning-gym dataset), 'path' "
+                              "(JSONL/Parquet file) or 'dataset' (Hugging Face dataset: directory or hub id)")
 
 
 def check_config(cfg: RunConfig) -> RunConfig:

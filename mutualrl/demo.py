@@ -16,15 +16,17 @@ from typing import Any
 from mutualrl.errors import UserError
 
 DEMO_POLICIES = ["gpt2-add", "llama-sub"]
-DEMO_ARMS = ["independent", "sgt"]
-"""What ``mutualrl demo`` runs by default: a baseline and a sharing arm fit the 15-minute budget."""
+DEMO_ARMS = ["independent", "imitate"]
+"""What ``mutualrl demo`` runs by default: plain GRPO and the best sharing arm of the zoo study
+(``benchmarks/mutual.py``), on the same seed and prompts."""
 
 
 def demo_config(strategy: str, seed: int = 0, *, quick: bool = False, steps: int | None = None) -> dict[str, Any]:
     """The embedded default run config for one arm (a plain dict, valid for ``load_config``).
 
     The settings where GRPO reliably lifts the zoo policies (``benchmarks/grpo_sweep.py``): 64
-    prompts x 8 samples per step, exact-match reward, zero-variance groups skipped, lr 1e-4.
+    prompts x 8 samples per step, exact-match reward, zero-variance groups skipped, lr 1e-4; the
+    rescue rows of ``sgt``/``imitate`` at weight 1 in an optimizer step of their own at lr 3e-4.
     """
     return {
         "policies": [{"name": n, "model": f"zoo:{n}"} for n in DEMO_POLICIES],

@@ -62,11 +62,6 @@ class ModelRef:
             return f"zoo:{self.name}" + (f"@{self.seed}" if self.seed else "")
         return f"real:{self.name}" if self.kind == "real" else self.name
 
-    @property
-    def is_local(self) -> bool:
-        """True for references that never need the network (zoo, real, directory)."""
-        return self.kind != "hub"
-
     def local_dir(self) -> Path | None:
         """Where the model lives or will be built, without building it (None for a hub id)."""
         if self.kind == "zoo":

@@ -19,7 +19,8 @@ from mutualrl.resolve import run_config
 
 THL_KEYS = ("prp_thl_non1to1_char_frac", "prp_thl_noncanonical")
 """The per-step THL residual metrics a run logs when it aligns peer rollouts (PRP)."""
-ARM_ORDER = ["independent", "prp", "xgrpo", "sgt", "xgrpo+sgt", "prp+sgt"]
+ARM_ORDER = ["independent", "prp", "xgrpo", "sgt", "xgrpo+sgt", "prp+sgt", "guide", "self_imitate", "imitate",
+             "imitate+prp"]
 
 
 def load_run(run_dir: Path) -> dict[str, Any]:

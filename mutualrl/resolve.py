@@ -42,8 +42,10 @@ from mutualrl.modelref import ModelRef, ModelRefError
 from mutualrl.paths import RUN_CONFIG
 from mutualrl.schema import build
 from mutualrl.tasks.base import validate_extraction_mode
+from mutualrl.tracking import missing_package
 
-RESUMABLE: frozenset[str] = frozenset({"steps", "max_steps", "step_timeout_s", "tensorboard", "report_to"})
+RESUMABLE: frozenset[str] = frozenset({"steps", "max_steps", "step_timeout_s", "tensorboard", "report_to",
+                                       "run_name"})
 """Fields an override may change when a run resumes: how long it runs and how it reports. Anything
 else would make the resumed steps differ from the ones an uninterrupted run computes."""
 
@@ -173,11 +175,21 @@ def resolve(source: str | Path | Mapping[str, Any] | RunConfig | RunPlan, overri
 
 
 def _read_data(cfg: RunConfig) -> None:
-    """What only shows when it is read: the task's data files, hub model ids."""
-    from mutualrl.tasks.build import build_task
+    """What only shows when it is read: the task's data (each source's columns, splits and gold
+    answers, named by its field), hub model ids."""
+    from mutualrl.tasks.build import build_source, build_task
+    from mutualrl.tasks.rows import SourceFieldError
 
+    sources = []
+    for i, d in enumerate(cfg.task.datasets if cfg.task.preset is None else []):
+        try:
+            sources.append(build_source(d))
+        except SourceFieldError as exc:
+            raise ConfigError(f"task.datasets[{i}].{exc.field}", str(exc)) from None
+        except (ValueError, OSError, ImportError) as exc:
+            raise ConfigError(f"task.datasets[{i}]", str(exc)) from None
     try:
-        build_task(cfg.task)
+        build_task(cfg.task, sources or None)
     except (ValueError, OSError) as exc:
         raise UserError(f"task: {exc}") from None
     for i, pol in enumerate(cfg.policies):
@@ -235,6 +247,11 @@ def check_outside(cfg: RunConfig, *, check_paths: bool = True) -> RunConfig:
     for i in range(len(cfg.policies)):
         _check_policy(cfg, i, check_paths)
     _check_task_outside(cfg.task, check_paths)
+    for name in cfg.report_to:
+        missing = missing_package(name)
+        if missing:
+            raise ConfigError("report_to", f"{name!r} needs the {missing} package: pip install {missing} (or "
+                              "mutualrl[tracking])")
     err = check_strategy_name(cfg.sharing.strategy)
     if err:
         raise ConfigError("sharing.strategy", err)
@@ -256,8 +273,22 @@ def _check_task_outside(t: TaskConfig, check_paths: bool) -> None:
             err = check_dataset(d.name, {k: tuple(v) if isinstance(v, list) else v for k, v in d.config.items()})
             if err:
                 raise ConfigError(f"{p}.name" if "unknown reasoning-gym" in err else f"{p}.config", err)
-        elif check_paths and not Path(str(d.path)).is_file():
+            continue
+        if d.path is not None and check_paths and not Path(d.path).is_file():
             raise ConfigError(f"{p}.path", f"file {d.path!r} does not exist")
+        if d.dataset is not None:
+            if importlib.util.find_spec("datasets") is None:
+                raise ConfigError(f"{p}.dataset", "Hugging Face datasets need the datasets package: pip install "
+                                  "datasets (or mutualrl[data])")
+            local = d.dataset.startswith((".", "/", "~"))
+            if check_paths and local and not Path(d.dataset).expanduser().is_dir():
+                raise ConfigError(f"{p}.dataset", f"dataset directory {d.dataset!r} does not exist")
+        if d.verifier == "math" and importlib.util.find_spec("math_verify") is None:
+            raise ConfigError(f"{p}.verifier", "verifier: math needs math-verify: pip install math-verify "
+                              "(or mutualrl[data])")
+        err = validate_extraction_mode(d.answer_extractor)
+        if err:
+            raise ConfigError(f"{p}.answer_extractor", f"{err}, got {d.answer_extractor!r}")
     err = validate_extraction_mode(t.answer_extraction)
     if err:
         raise ConfigError("task.answer_extraction", f"{err}, got {t.answer_extraction!r}")

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from mutualrl.config import RunConfig
 from mutualrl.errors import UserError
 from mutualrl.paths import METRICS, POLICIES_INFO, RUN_CONFIG, SUMMARY
 from mutualrl.resolve import RunPlan, resolve
+from mutualrl.tracking import Tracker, open_trackers, scalars
 from mutualrl.worker_api import WorkerAPI
 
 __all__ = ["CHECKPOINTS", "LATEST", "MutualTrainer", "latest_checkpoint"]
@@ -48,13 +50,25 @@ class MutualTrainer:
             it resolves: a :class:`RunConfig`, a dict or a YAML path.
         run_dir: where the run writes (config, metrics, checkpoints, exchange). ``None`` keeps
             everything in memory (no checkpoints).
+        train_dataset: a ``datasets.Dataset`` (or ``DatasetDict`` with a ``train`` split) as the task's
+            data, TRL-style; the config's ``task.datasets`` then holds at most one entry of options
+            (columns, ``answer_extractor``, ``verifier``). ``eval_dataset``: its test split.
+        reward_funcs: extra reward functions ``f(prompts, completions, **columns) -> list[float]``
+            (callables or import paths), added to ``task.reward_functions``.
         resume: continue the run in ``run_dir`` from its last good checkpoint.
         scheduler: a :class:`Scheduler`; default from ``config.scheduler``.
         progress: show a progress bar.
     """
 
     def __init__(self, config: RunPlan | RunConfig | dict | str | Path, run_dir: str | Path | None = None, *,
-                 resume: bool = False, scheduler: Scheduler | None = None, progress: bool = True) -> None:
+                 train_dataset: Any | None = None, eval_dataset: Any | None = None,
+                 reward_funcs: Sequence[Callable[..., list[float]] | str] = (), resume: bool = False,
+                 scheduler: Scheduler | None = None, progress: bool = True) -> None:
+        if train_dataset is not None or eval_dataset is not None or reward_funcs:
+            from mutualrl.tasks.attach import attach
+
+            config = attach(config.config if isinstance(config, RunPlan) else config, train_dataset, eval_dataset,
+                            reward_funcs)
         self.plan = resolve(config)
         self.cfg = self.plan.config
         self.run_dir = Path(run_dir) if run_dir else None
@@ -64,6 +78,7 @@ class MutualTrainer:
         self.start_step = 0
         self.history: list[dict[str, Any]] = []
         self.checkpoints = CheckpointManager(self.run_dir, keep=2) if self.run_dir else None
+        self._trackers: list[Tracker] = []
         self._created_run_dir = False
         self._prepare_run_dir()
 
@@ -114,11 +129,9 @@ class MutualTrainer:
             fh.writelines(json.dumps(r, sort_keys=True) + "\n" for r in rows)
             fh.flush()
             os.fsync(fh.fileno())
-        if self._tb is not None:
-            for r in rows:
-                for k, v in r.items():
-                    if isinstance(v, (int, float)) and k != "step":
-                        self._tb.add_scalar(f"{r['policy']}/{k}", v, r["step"])
+        for step, metrics in scalars(rows).items():
+            for t in self._trackers:
+                t.log(metrics, step)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, step: int) -> Path | None:
@@ -186,7 +199,7 @@ class MutualTrainer:
     def train(self) -> dict[str, Any]:
         """Run (or resume) the training loop. Returns a summary dict."""
         cfg = self.cfg
-        self._tb = None
+        self._trackers = []
         t_start = time.perf_counter()
         if self.run_dir is not None and not self.resume:
             # what only shows when read (data files, hub ids) fails here, before anything is written
@@ -201,13 +214,9 @@ class MutualTrainer:
         try:
             if self.run_dir is not None and self.resume:
                 self._restore()
-            if self.run_dir is not None and cfg.tensorboard:
-                try:
-                    from torch.utils.tensorboard import SummaryWriter
-
-                    self._tb = SummaryWriter(str(self.run_dir / "tb"))
-                except ImportError:
-                    self._tb = None
+            if self.run_dir is not None and cfg.report_to:
+                self._trackers = open_trackers(cfg.report_to, self.run_dir, cfg.run_name or self.run_dir.name,
+                                               cfg.to_dict(), resume=self.resume)
             if self.run_dir is not None and self.start_step == 0:
                 _atomic_write(self.run_dir / POLICIES_INFO, json.dumps(infos, indent=1))
             self._loop(t_start)
@@ -224,8 +233,8 @@ class MutualTrainer:
                                   f"{self.run_dir}") from exc
         finally:
             self.scheduler.close()
-            if self._tb is not None:
-                self._tb.close()
+            for t in self._trackers:
+                t.close()
         return self.summary(time.perf_counter() - t_start)
 
     def _loop(self, t_start: float) -> None:

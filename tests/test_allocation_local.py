@@ -99,7 +99,7 @@ class _FavourFirst:
 def test_async_fast_worker_runs_at_most_k_steps_ahead(tiny_config, k):
     cfg = _config(tiny_config, steps=6, sync="async", eval_every=100, sharing={"max_staleness": k})
     trainer = MutualTrainer(cfg, None, scheduler=_FavourFirst(), progress=False)
-    trainer._tb = None
+    trainer._trackers = []
     logged = []
     trainer._log = logged.append  # the loop's output, without evaluation or files
     trainer.evaluate = lambda step: []

@@ -70,7 +70,7 @@ BAD_CASES = [
     ("grpo.adam_beta2", 1.0, "grpo.adam_beta2", ["[0, 1)"]),
     ("grpo.dynamic_sampling", "resampled", "grpo.dynamic_sampling", ["did you mean 'resample'"]),
     ("task.reward", "partial", "task.reward", ["'score'", "'exact'"]),
-    ("report_to", "wandb", "report_to", ["tensorboard", "wandb"]),
+    ("report_to", "wandbb", "report_to", ["tensorboard", "wandb", "trackio"]),
     ("policies.0.device", "gpu0", "policies[0].device", ["cuda:N", "gpu0"]),
     ("policies.0.generation", {"gpu_memory_utilization": 1.5}, "policies[0].generation.gpu_memory_utilization",
      ["(0, 1]", "1.5"]),
@@ -94,8 +94,8 @@ def test_trl_names_are_accepted(good):
     cfg.update(max_steps=7, eval_steps=3, save_steps=2, report_to=["tensorboard"])
     cfg["grpo"] = dict(good["grpo"], loss_type="bnpo")
     c = load_config(cfg)
-    assert (c.steps, c.eval_every, c.checkpoint_every, c.tensorboard) == (7, 3, 2, True)
-    assert load_config(dict(cfg, report_to="none")).tensorboard is False
+    assert (c.steps, c.eval_every, c.checkpoint_every, c.report_to) == (7, 3, 2, ["tensorboard"])
+    assert load_config(dict(cfg, report_to="none")).report_to == []
     for lt in ("grpo", "bnpo", "dr_grpo", "dapo"):
         assert load_config(dict(cfg, grpo=dict(cfg["grpo"], loss_type=lt))).grpo.loss_type == lt
     with pytest.raises(ConfigError) as info:

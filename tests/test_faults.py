@@ -154,9 +154,10 @@ def test_hostile_peer_rows_rejected_or_neutralised(tiny_models: dict[str, Path])
     from mutualrl.config import GRPOOptions, SharingConfig
     from mutualrl.exchange import open_exchange
     from mutualrl.experience import ExperienceLimits
-    from mutualrl.faults import hostile_rows
     from mutualrl.policy import tokenizer_fingerprint
     from mutualrl.zoo import default_task
+
+    hostile_rows = _bench().hostile_rows
 
     task = default_task(seed=0, test_size=40, train_size=400)
     tok = AutoTokenizer.from_pretrained(tiny_models["tiny-llama"])
@@ -204,7 +205,7 @@ def test_training_next_to_hostile_peer_is_unaffected(tiny_models: dict[str, Path
     """A run whose exchange holds hostile rows for its own prompts learns exactly like a clean run."""
     B = _bench()
     from mutualrl.exchange import open_exchange
-    from mutualrl.faults import hostile_rows
+    hostile_rows = B.hostile_rows
     from mutualrl.resolve import load_config
     from mutualrl.worker import PolicyWorker
 

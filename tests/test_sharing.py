@@ -465,3 +465,67 @@ def test_registry_declarations_are_enforced():
     assert "both pool advantages" in check_strategy_name("prp+xgrpo")
     assert parse_strategy("independent").reads == frozenset() and not parse_strategy("independent").shares
     assert parse_strategy("prp").reads == {"rollout"} and parse_strategy("xgrpo").reads == {"rollout"}
+
+
+# ----------------------------------------------------------------------------- guide / imitate
+def test_guide_puts_a_verified_peer_success_into_a_failed_group(task):
+    p0, p1 = task.problems("train", 2)
+    records = [_success(p0, _wrong(p0.answer)), _success(p0, p0.answer), _success(p1, p1.answer)]
+    ctx = _ctx(task, [_group(p0, [0, 0, 0, 0]), _group(p1, [1, 0, 0, 0])], records)
+    batch = build_batch("guide", ctx)
+    guide = [r for r in batch.rows if r.kind == "guide"]
+    assert len(guide) == 1 and guide[0].completion_ids == _encode(None, p0.answer)
+    # pooled group [0, 0, 0, 0, 1]: mean 0.2, unbiased std 0.4472136
+    own0 = [r for r in batch.rows if r.kind == "own"][:4]
+    assert [r.advantage for r in own0] == pytest.approx([-0.2 / (0.4472136 + 1e-4)] * 4, rel=1e-6)
+    assert guide[0].advantage == pytest.approx(0.8 / (0.4472136 + 1e-4), rel=1e-6)
+    assert batch.metrics["guide_rows"] == 1 and batch.metrics["guide_refused"] == 1  # the wrong one
+    assert batch.metrics["peer_rows"] == 1 and batch.metrics["peer_rows/peer"] == 1
+    # p1's group had a success: no guidance there unless the gate allows it
+    gated = build_batch("guide", _ctx(task, ctx.groups, records, guide_gate=0.25))
+    assert gated.metrics["guide_rows"] == 2
+
+
+def test_guide_rows_train_off_policy_with_shaping(gpt2_policy):
+    from mutualrl.algorithms.update import shaping_weights
+
+    cur = torch.log(torch.tensor([[0.01, 0.1, 0.9]]))
+    assert torch.equal(shaping_weights(cur, 0.0), torch.ones_like(cur))
+    w = shaping_weights(cur, 0.1)  # LUFFY: gamma p / (p + gamma)^2, largest at p = gamma
+    assert w[0, 1] == pytest.approx(0.25) and w[0, 0] < w[0, 1] and w[0, 2] < w[0, 1]
+    pol = gpt2_policy
+    prompt = pol.encode_prompt("Calculate 12 + 30.")
+    row = TrainRow(prompt, pol.encode_completion(None, "42"), 2.0, None, "guide", None, 1.0)
+
+    def nll() -> float:
+        with torch.no_grad():
+            return -float(pol.logprobs([prompt], [row.completion_ids]).sum())
+
+    before = nll()
+    for _ in range(3):
+        stats = train_on_batch(pol, TrainBatch([row], n_prompts=1))
+    assert math.isfinite(stats["loss"]) and nll() < before  # a positive advantage raises its likelihood
+
+
+def test_imitate_mixes_peer_successes_where_failed_and_own_where_solved(task):
+    from mutualrl.algorithms.sharing import PastFailure
+
+    p0, p1, p2 = task.problems("train", 3)
+    groups = [_group(p0, [0, 0, 0, 0]), _group(p1, [0, 1, 0, 0])]
+    records = [_success(p0, p0.answer)]
+    ctx = _ctx(task, groups, records, sgt_lambda=0.5)
+    batch = build_batch("imitate", ctx)
+    rescue = [r for r in batch.rows if r.kind == "rescue"]
+    assert [r.completion_ids for r in rescue] == [_encode(None, p0.answer), groups[1].completion_ids[1]]
+    assert all(r.weight == 0.5 for r in rescue)
+    assert batch.metrics["sgt_rescue"] == 1 and batch.metrics["imitate_own"] == 1
+    # replay: a peer success for a prompt failed at an earlier step joins, capped with the fresh ones
+    ctx.history = [PastFailure(p2, [7, 8], [_success(p2, p2.answer)], 0)]
+    batch = build_batch("imitate", ctx)
+    assert batch.metrics["sgt_rescue"] == 2 and batch.metrics["imitate_replayed"] == 1
+    ctx.sharing = SharingConfig(sgt_max_per_step=1)
+    assert build_batch("imitate", ctx).metrics["sgt_rescue"] == 1
+    # the control: the own rows alone
+    control = build_batch("self_imitate", _ctx(task, groups, records))
+    assert [r.kind for r in control.rows].count("rescue") == 1 and control.metrics.get("peer_rows", 0) == 0
+    assert "cannot be combined" in check_strategy_name("imitate+sgt")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import threading
-import time
 
 import pytest
 
@@ -220,12 +219,12 @@ def test_reward_function_non_finite_values_are_zeroed_and_counted():
 def test_reward_function_that_hangs_times_out():
     task = _small_task([reward_hangs], timeout=0.3)
     p = task.problems("test")[0]
-    t0 = time.perf_counter()
     try:
         rewards, _ = task.rewards([p, p], ["q", "q"], ["a", "b"])
+        returned_while_hung = not _RELEASE.is_set()  # the reward function is still blocked: the timeout returned
     finally:
         _RELEASE.set()
-    assert time.perf_counter() - t0 < 5.0
+    assert returned_while_hung
     assert rewards == [0.0, 0.0]
     assert task.reward_stats.timed_out == 2
 

@@ -58,7 +58,7 @@ def test_after_a_sync_greedy_output_equals_the_hf_model(vpolicy):
     with torch.no_grad():
         for p in vpolicy.model.parameters():
             p.add_(0.3 * torch.randn_like(p))
-    assert vpolicy.sync_engine() >= 0.0
+    assert vpolicy.sync_engine() > 0.0  # the weights were reloaded (a no-op sync reports 0)
     got = [s.completion_ids for s in vpolicy.generate(QUESTIONS, greedy=True)]
     hf = HFEngine(vpolicy.model, vpolicy.eos_ids, vpolicy.pad_id, torch.Generator().manual_seed(0))
     want = hf.generate([vpolicy.encode_prompt(q) for q in QUESTIONS], 1, SamplingParams(6, greedy=True)).ids

@@ -232,11 +232,6 @@ def available_strategies() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def strategy_step(name: str) -> StrategyStep:
-    """The registered step ``name`` (``KeyError`` if there is none)."""
-    return _REGISTRY[name]
-
-
 class StrategyError(ValueError):
     """A strategy name that does not parse; the message says why and what is valid."""
 
@@ -351,6 +346,15 @@ def verified_successes(ctx: ShareContext, problem: Problem, prompt_ids: Sequence
             tally["unrepresentable"] += 1
             continue
         yield ids, rewards[0], succ.source_policy
+
+
+def own_success_row(group: OwnGroup, weight: float) -> TrainRow | None:
+    """A likelihood row of the learner's own best completion of a group it solved (self-imitation:
+    a supervised step that sees the learner's own skill beside what peers give it), or None."""
+    if group.failed or not group.completion_ids:
+        return None
+    best = max(range(len(group.scores)), key=group.scores.__getitem__)
+    return TrainRow(group.prompt_ids, list(group.completion_ids[best]), 0.0, None, "rescue", None, weight)
 
 
 def batch_std(ctx: ShareContext, extra: Sequence[float] = ()) -> float:

@@ -10,10 +10,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mutualrl.resolve import RunPlan
 from mutualrl.worker_api import WorkerMethod, remote_name
+
+if TYPE_CHECKING:
+    from mutualrl.resolve import RunPlan
 
 
 class WorkerFailed(RuntimeError):

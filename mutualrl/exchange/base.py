@@ -241,13 +241,6 @@ class Exchange(ABC):
         """Records for ``prompt_ids``, oldest first (see :class:`Query` for the filters)."""
         return [from_row(*row) for row in self.read(Query.build(prompt_ids, kinds, exclude_source, min_version, limit))]
 
-    @gc_paused()
-    def query_stored(self, prompt_ids: Sequence[str], kinds: Iterable[str] | None = None,
-                     exclude_source: str | None = None, min_version: int | None = None,
-                     limit: int | None = None) -> list[StoredRow]:
-        """Like :meth:`query`, in storage form (cheaper: no record objects are built)."""
-        return self.read(Query.build(prompt_ids, kinds, exclude_source, min_version, limit))
-
     @abstractmethod
     def stats(self) -> dict[str, Any]:
         """Counters: ``rows``, ``by_kind``, ``max_seq`` (the position), ``min_version``,

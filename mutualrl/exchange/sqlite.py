@@ -38,14 +38,7 @@ from mutualrl.experience import (
     StoredRow,
     to_row,
 )
-
-try:  # crash-test hook: inert unless MUTUALRL_FAULT_POINT=publish:<n> is set
-    from mutualrl.faults import fault_point
-except ImportError:  # pragma: no cover - faults is optional
-
-    def fault_point(name: str) -> None:
-        """No fault injection available."""
-
+from mutualrl.faults import fault_point  # crash-test hook: inert unless MUTUALRL_FAULT_POINT=publish:<n>
 
 DB_SCHEMA_VERSION = 2
 """Schema of new files. Files of schema 1 (``record_id UNIQUE`` and a ``(prompt_id, version)``

@@ -60,7 +60,25 @@ class Source(Protocol):
 
 # ----------------------------------------------------------------------------- answer extraction
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+EXTRACTION_MODES: tuple[str, ...] = ("first_line", "last_number", "first_number", "boxed", "####", "raw")
+"""Answer extraction modes besides ``regex:<pattern>``."""
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` in ``text``, braces nested to any depth
+    (``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``); None when there is none or it is not closed."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1:j].strip()
+    return None
 
 
 def extract_answer(text: str, mode: str = "first_line") -> str | None:
@@ -68,9 +86,9 @@ def extract_answer(text: str, mode: str = "first_line") -> str | None:
 
     Modes: ``first_line`` (strip, first non-empty line), ``last_number`` / ``first_number`` (the
     last / first integer or decimal; a base model's first number is its answer, what follows is it
-    continuing the text),
-    ``boxed`` (content of the last ``\\boxed{...}``), ``regex:<pattern>`` (group 1, or the whole
-    match), ``raw`` (the stripped text).
+    continuing the text), ``boxed`` (content of the last ``\\boxed{...}``, nested braces included),
+    ``####`` (what follows the last ``####``, GSM8K's form), ``regex:<pattern>`` (group 1, or the
+    whole match), ``raw`` (the stripped text).
     """
     if mode == "raw":
         return text.strip()
@@ -83,8 +101,10 @@ def extract_answer(text: str, mode: str = "first_line") -> str | None:
         nums = _NUMBER.findall(text.replace(",", ""))
         return (nums[-1] if mode == "last_number" else nums[0]) if nums else None
     if mode == "boxed":
-        found = _BOXED.findall(text)
-        return found[-1].strip() if found else None
+        return last_boxed(text)
+    if mode == "####":  # GSM8K's reference answers end with '#### <answer>'
+        _, sep, tail = text.rpartition("####")
+        return tail.strip().replace(",", "") if sep else None
     if mode.startswith("regex:"):
         m = None
         for m in re.finditer(mode[len("regex:"):], text):
@@ -97,7 +117,7 @@ def extract_answer(text: str, mode: str = "first_line") -> str | None:
 
 def validate_extraction_mode(mode: str) -> str | None:
     """Return an error message if ``mode`` is not a valid extraction mode, else None."""
-    if mode in ("raw", "first_line", "last_number", "first_number", "boxed"):
+    if mode in EXTRACTION_MODES:
         return None
     if mode.startswith("regex:"):
         try:
@@ -105,7 +125,7 @@ def validate_extraction_mode(mode: str) -> str | None:
         except re.error as exc:
             return f"invalid regular expression: {exc}"
         return None
-    return "expected one of first_line, last_number, first_number, boxed, raw, regex:<pattern>"
+    return f"expected one of {', '.join(EXTRACTION_MODES)}, regex:<pattern>"
 
 
 # ----------------------------------------------------------------------------- the mixture task

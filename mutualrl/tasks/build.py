@@ -4,20 +4,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mutualrl.tasks.base import Problem, Task
+from mutualrl.tasks.base import Problem, Source, Task
 
 if TYPE_CHECKING:
-    from mutualrl.config import TaskConfig
+    from mutualrl.config import DatasetConfig, TaskConfig
 
 
-def build_task(t: TaskConfig) -> Task:
-    """The :class:`Task` that ``t`` describes (a ``task:`` section of a run config).
+def build_task(t: TaskConfig, sources: list[Source] | None = None) -> Task:
+    """The :class:`Task` that ``t`` describes (a ``task:`` section of a run config); ``sources``:
+    its datasets' sources when the caller built them already.
 
     ``preset: zoo`` replaces only the datasets (the zoo's addition + subtraction); answer
     extraction, the reward mode and extra reward functions still apply.
     """
-    from mutualrl.tasks.gym import GymSource
-    from mutualrl.tasks.jsonl import FileSource
     from mutualrl.tasks.rewards import load_reward_function
 
     if t.preset == "zoo":
@@ -25,17 +24,31 @@ def build_task(t: TaskConfig) -> Task:
 
         sources, weights = zoo_sources()
     else:
-        sources, weights = [], []
-        for d in t.datasets:
-            if d.name is not None:
-                sources.append(GymSource(d.name, d.alias, d.config))
-            else:
-                sources.append(FileSource(d.path, d.alias, d.question_field, d.answer_field, d.test_fraction))
-            weights.append(d.weight)
+        sources = sources if sources is not None else [build_source(d) for d in t.datasets]
+        weights = [d.weight for d in t.datasets]
     return Task(sources, weights, test_size=t.test_size, train_size=t.train_size, seed=t.seed,
                 answer_extraction=t.answer_extraction,
                 reward_functions=[load_reward_function(p) for p in t.reward_functions],
                 reward_timeout_s=t.reward_timeout_s, reward=t.reward)
+
+
+def build_source(d: DatasetConfig) -> Source:
+    """The task source one ``task.datasets[i]`` entry describes (a ``SourceFieldError`` names the
+    entry's field at fault)."""
+    if d.name is not None:
+        from mutualrl.tasks.gym import GymSource
+
+        return GymSource(d.name, d.alias, d.config)
+    if d.path is not None:
+        from mutualrl.tasks.jsonl import FileSource
+
+        return FileSource(d.path, d.alias, d.question_field, d.answer_field, d.test_fraction,
+                          answer_extractor=d.answer_extractor, verifier=d.verifier)
+    from mutualrl.tasks.hf import DatasetSource
+
+    return DatasetSource(d.dataset, d.alias, split=d.split, test_split=d.test_split, question_field=d.question_field,
+                         answer_field=d.answer_field, answer_extractor=d.answer_extractor, verifier=d.verifier,
+                         test_fraction=d.test_fraction)
 
 
 def eval_problems(task: Task, n: int) -> list[Problem]:

@@ -17,8 +17,39 @@ from typing import Any
 RewardFn = Callable[..., list[float]]
 
 
+_IN_PROCESS: dict[str, RewardFn] = {}
+IN_PROCESS_PREFIX = "in-process:"
+
+
+def reward_function_path(fn: RewardFn) -> str | None:
+    """``module:qualname`` of a function that another process can import, else None (a lambda, a
+    closure, a function of the ``__main__`` script)."""
+    module, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or "<" in qual:
+        return None
+    try:
+        return f"{module}:{qual}" if load_reward_function(f"{module}:{qual}") is fn else None
+    except ValueError:
+        return None
+
+
+def register_in_process(fn: RewardFn) -> str:
+    """A name for ``fn`` that :func:`load_reward_function` resolves in this process only (what the
+    Python API uses for a reward function no other process can import)."""
+    key = f"{IN_PROCESS_PREFIX}{getattr(fn, '__qualname__', 'fn')}@{id(fn):x}"
+    _IN_PROCESS[key] = fn
+    return key
+
+
 def load_reward_function(path: str) -> RewardFn:
-    """Import ``package.module:function`` (or ``package.module.function``)."""
+    """Import ``package.module:function`` (or ``package.module.function``), or find a function
+    registered with :func:`register_in_process`."""
+    if path.startswith(IN_PROCESS_PREFIX):
+        fn_in = _IN_PROCESS.get(path)
+        if fn_in is None:
+            raise ValueError(f"reward function {path!r} lives in another process: pass an importable function "
+                             "(module:function) to run policies in worker processes")
+        return fn_in
     if ":" in path:
         mod_name, _, attr = path.partition(":")
     else:

@@ -121,10 +121,6 @@ class Alignment:
         """The text of chunk ``k``."""
         return self.text[int(self.char_bounds[k]) : int(self.char_bounds[k + 1])]
 
-    def tokens_per_chunk(self, side: Side) -> np.ndarray:
-        """How many tokens of ``side`` each chunk holds."""
-        return np.diff(self._bounds(side))
-
     def one_to_one(self) -> np.ndarray:
         """Boolean mask of chunks holding exactly one token on each side."""
         return (np.diff(self.source_bounds) == 1) & (np.diff(self.target_bounds) == 1)

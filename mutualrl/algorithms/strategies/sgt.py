@@ -13,6 +13,7 @@ from mutualrl.algorithms.sharing import (
     ShareContext,
     TrainBatch,
     TrainRow,
+    own_success_row,
     register_strategy,
     verified_successes,
 )
@@ -26,10 +27,9 @@ def sgt(ctx: ShareContext, batch: TrainBatch) -> None:
     rescue = gate_open = replayed = 0
     for g in ctx.groups:
         if not g.failed:
-            if s.sgt_replay_own and g.texts:
-                best = max(range(len(g.scores)), key=g.scores.__getitem__)
-                batch.rows.append(TrainRow(g.prompt_ids, list(g.completion_ids[best]), 0.0, None, "rescue", None,
-                                           s.sgt_lambda))
+            own = own_success_row(g, s.sgt_lambda) if s.sgt_replay_own else None
+            if own is not None:
+                batch.rows.append(own)
                 replayed += 1
             continue
         gate_open += 1
