@@ -19,7 +19,6 @@ import copy
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +28,7 @@ from mutualrl.config import GenerationConfig, GRPOOptions, PeftConfig
 from mutualrl.devices import cpu_has_native_bf16, resolve_dtype
 from mutualrl.engines.base import GenerationEngine, SamplingParams, cache_kwarg, dedupe_prompts, left_pad
 from mutualrl.engines.head import HEAD_BLOCK_COLUMNS, decoder_and_head
+from mutualrl.modeling import disable_dropout, format_prompt, generation_stop_ids, tokenizer_fingerprint
 from mutualrl.thl.peer import stop_ids_of
 
 LOGITS_BUDGET = 1 << 25
@@ -48,15 +48,6 @@ class Sample:
     logprobs: list[float]
     """Behavior log-prob of each sampled token under the sampling distribution."""
     finished: bool
-
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """A short id of a tokenizer: class, vocabulary size and a hash of the vocabulary."""
-    import hashlib
-
-    vocab = tokenizer.get_vocab()
-    h = hashlib.sha1("\n".join(sorted(vocab)).encode("utf-8", "surrogatepass")).hexdigest()[:10]
-    return f"{type(tokenizer).__name__}-{len(vocab)}-{h}"
 
 
 def pack_right(rows: Sequence[Sequence[float]], width: int, fill: float = 0.0,
@@ -105,65 +96,6 @@ def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Te
         x, t = flat[s:s + rows], tflat[s:s + rows]
         parts.append(checkpoint(piece, x, t, use_reentrant=False) if recompute else piece(x, t))
     return torch.cat(parts).reshape(b, n)
-
-
-def format_prompt(template: str, system_prompt: str | None, tokenizer: Any, question: str) -> str:
-    """The prompt text of ``question`` under a policy's ``prompt_template`` (a format string with
-    ``{question}``, or ``chat``: the tokenizer's chat template with an optional system prompt)."""
-    if template == "chat":
-        msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
-        msgs.append({"role": "user", "content": question})
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    return template.format(question=question)
-
-
-def generation_stop_ids(generation_config: Any) -> list[int]:
-    """The ``eos_token_id`` entries of a generation config (an int, a list or none)."""
-    eos = getattr(generation_config, "eos_token_id", None)
-    if isinstance(eos, int):
-        return [eos]
-    return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else []
-
-
-def model_stop_ids(model_path: str, tokenizer: Any) -> frozenset[int]:
-    """The ids a model stops on, read from its directory without loading the weights: its
-    tokenizer's EOS plus its generation config's (Gemma-3: ``<end_of_turn>`` too)."""
-    from transformers import AutoConfig
-    from transformers import GenerationConfig as HFGenerationConfig
-
-    try:
-        gen = HFGenerationConfig.from_pretrained(model_path)
-    except (OSError, ValueError):
-        try:
-            gen = HFGenerationConfig.from_model_config(AutoConfig.from_pretrained(model_path))
-        except (OSError, ValueError):
-            gen = None
-    return stop_ids_of(tokenizer, generation_stop_ids(gen))
-
-
-DROPOUT_ATTRIBUTES = ("attention_dropout", "attn_dropout", "dropout", "hidden_dropout", "resid_dropout")
-"""Float attributes through which some architectures (Llama, Qwen2, Gemma, ...) apply dropout
-functionally instead of through an ``nn.Dropout`` module."""
-
-
-def disable_dropout(model: torch.nn.Module) -> int:
-    """Switch every dropout of ``model`` off (TRL's ``disable_dropout``); returns how many were on.
-
-    RL compares the trainer's log-probs with the sampler's: dropout active in the training forward
-    makes them differ by chance (up to 0.15 nats at p = 0.1), which the PPO ratio then reads as a
-    policy change. ``nn.Dropout`` modules get ``p = 0``; float dropout attributes of modules are set
-    to 0 as well."""
-    n = 0
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            n += module.p > 0
-            module.p = 0.0
-        for attr in DROPOUT_ATTRIBUTES:
-            v = getattr(module, attr, None)
-            if isinstance(v, float) and not isinstance(v, bool):
-                n += v > 0
-                setattr(module, attr, 0.0)
-    return n
 
 
 class Policy:

@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,6 +41,15 @@ __all__ = ["CHECKPOINTS", "LATEST", "MutualTrainer", "latest_checkpoint"]
 
 _atomic_write = atomic_write_text
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def _say_unreadable_gold(report: dict[str, int]) -> None:
+    """One line on stderr per data source with gold answers its verifier could not read (left out)."""
+    for key, n in sorted(report.items()):
+        if key.endswith("/gold_unreadable") and n:
+            source = key.rsplit("/", 1)[0]
+            print(f"mutualrl: data: {n} gold answers of {source!r} cannot be read by its verifier; those rows are "
+                  f"left out (see policies.json)", file=sys.stderr)
 
 
 class MutualTrainer:
@@ -219,6 +229,7 @@ class MutualTrainer:
                                                cfg.to_dict(), resume=self.resume)
             if self.run_dir is not None and self.start_step == 0:
                 _atomic_write(self.run_dir / POLICIES_INFO, json.dumps(infos, indent=1))
+            _say_unreadable_gold(infos[0].get("data", {}) if infos else {})
             self._loop(t_start)
         except WorkerFailed as exc:
             ck = latest_checkpoint(self.run_dir) if self.run_dir else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,8 +37,9 @@ from mutualrl.devices import resolve_device
 from mutualrl.experience import ExperienceLimits, GroupOutcome, Rollout, VerifiedSuccess
 from mutualrl.faults import fault_point, log_acknowledged
 from mutualrl.heap import retain_freed_memory
+from mutualrl.modeling import format_prompt, model_stop_ids, tokenizer_fingerprint
 from mutualrl.modelref import resolve_model_path
-from mutualrl.policy import Policy, format_prompt, model_stop_ids, tokenizer_fingerprint
+from mutualrl.policy import Policy
 from mutualrl.quiet import silence_transformers
 from mutualrl.resolve import RunPlan, plan_of
 from mutualrl.tasks.base import Problem
@@ -299,6 +301,7 @@ class PolicyWorker(WorkerAPI):
         m = dict(batch.metrics)
         m.update(stats)
         m["sync_s"] = t_sync
+        m["rss_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if self.policy.device.type == "cuda":
             m["cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.policy.device) / 2**20
         m.update({"update_s": time.perf_counter() - t0, "train_s": time.perf_counter() - t2,
@@ -348,7 +351,7 @@ class PolicyWorker(WorkerAPI):
                 "tokenizer": self.policy.tokenizer_id, "model_type": self.policy.model.config.model_type,
                 "vocab_size": len(self.policy.tokenizer), "device": str(self.policy.device),
                 "dtype": self.policy.compute_dtype, "engine": self.pcfg.generation.engine,
-                "lora": self.policy.lora, "pid": os.getpid()}
+                "lora": self.policy.lora, "pid": os.getpid(), "data": self.task.data_report()}
 
     def set_threads(self, n: int) -> int:
         """Change this worker's torch intra-op threads (MWRA re-plans); returns the count in force."""

@@ -79,7 +79,8 @@ def _with_dropout(src: Path, dst: Path, p: float) -> Path:
 def test_dropout_is_off_for_rl(tiny_models, tmp_path, family):
     """Model dropout (0.1 in the config) is switched off: the trainer's log-probs equal the
     sampler's, and the first iteration's ratio is 1 with no clipping."""
-    from mutualrl.policy import Policy, disable_dropout
+    from mutualrl.modeling import disable_dropout
+    from mutualrl.policy import Policy
 
     d = _with_dropout(tiny_models[family], tmp_path / family, 0.1)
     pol = Policy("d", str(d), GRPOOptions(num_generations=4, max_completion_length=6), seed=0)
@@ -118,7 +119,7 @@ def test_peer_stopping_on_a_non_eos_stop_token_keeps_its_chunk_and_gets_the_lear
 def test_model_stop_ids_include_the_generation_config(tiny_models, tmp_path):
     from transformers import AutoTokenizer
 
-    from mutualrl.policy import model_stop_ids
+    from mutualrl.modeling import model_stop_ids
 
     d = tmp_path / "m"
     shutil.copytree(tiny_models["tiny-llama"], d)

@@ -154,7 +154,7 @@ def test_hostile_peer_rows_rejected_or_neutralised(tiny_models: dict[str, Path])
     from mutualrl.config import GRPOOptions, SharingConfig
     from mutualrl.exchange import open_exchange
     from mutualrl.experience import ExperienceLimits
-    from mutualrl.policy import tokenizer_fingerprint
+    from mutualrl.modeling import tokenizer_fingerprint
     from mutualrl.zoo import default_task
 
     hostile_rows = _bench().hostile_rows

@@ -266,7 +266,7 @@ def test_zoo_build_for_a_user_task_file(tmp_path, monkeypatch):
                     "bands": {"mul": [0.0, 1.0], "add": [0.0, 1.0]}}]}
     path = tmp_path / "task.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    task, specs = task_specs(path)
+    task, specs, _ = task_specs(path)
     dirs = zoo.build_zoo(["gpt2-mul"], cache_dir=tmp_path / "cache", progress=False, specs=specs, task=task)
     card = zoo.load_card(dirs["gpt2-mul"])
     assert set(card["accuracy_greedy"]) == {"mul", "add"} and card["task_key"]

@@ -122,6 +122,14 @@ class PeerRows:
         """Whether any peer row arrived."""
         return bool(self.rollouts or self.outcomes or self.successes)
 
+    def by_source(self) -> Counter[str]:
+        """Rows that arrived, by peer (every kind)."""
+        counts: Counter[str] = Counter()
+        for table in (self.rollouts, self.outcomes, self.successes):
+            for rows in table.values():
+                counts.update(r.source_policy for r in rows)
+        return counts
+
 
 def fair_order(prompt_id: str, rows: Sequence[Any]) -> list[Any]:
     """``rows`` of one prompt newest first within each peer, the peers interleaved round-robin from
@@ -324,8 +332,10 @@ def build_batch(strategy: str | Strategy, ctx: ShareContext) -> TrainBatch:
         batch.rows = keep
     if ctx.peers.any() or batch.peer_rows:
         batch.metrics["peer_rows"] = sum(batch.peer_rows.values())
-        for name, n in sorted(batch.peer_rows.items()):
-            batch.metrics[f"peer_rows/{name}"] = n
+        offered = ctx.peers.by_source()
+        for name in sorted(set(offered) | set(batch.peer_rows)):
+            batch.metrics[f"peer_rows/{name}"] = batch.peer_rows[name]
+            batch.metrics[f"peer_offered/{name}"] = offered.get(name, 0)
     return batch
 
 

@@ -270,7 +270,7 @@ class RayScheduler(Scheduler):
         if not ready:
             i = min(self._inflight, key=lambda k: self._inflight[k][2])
             raise WorkerFailed(self.names[i], f"no reply to {self._inflight[i][1]}() within {self.timeout:g}s "
-                               "(step_timeout_s)")
+                               f"(step_timeout_s) {self._where(i)}")
         i = by_ref[ready[0]]
         _, method, _ = self._inflight.pop(i)
         result = self._get(i, ready[0], method)
@@ -285,7 +285,9 @@ class RayScheduler(Scheduler):
         try:
             text = ray.get(ref)
         except RayActorError as exc:
-            raise WorkerFailed(self.names[i], f"actor died during {method}(): {exc}") from None
+            raise WorkerFailed(self.names[i], f"actor died during {method}() {self._where(i)}: "
+                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") \
+                from None
         except RayTaskError as exc:
             raise WorkerFailed(self.names[i], f"{method}() raised {exc}") from None
         if raw:
@@ -294,6 +296,18 @@ class RayScheduler(Scheduler):
         self.last_cpu_s[i] = msg.get("cpu_s")
         self.last_wall_s[i] = msg.get("wall_s")
         return msg["result"]
+
+    def _where(self, i: int) -> str:
+        """``on node <id> (dead|alive)`` for worker ``i``'s node, when it is known."""
+        if i >= len(self.node_ids):
+            return ""
+        node = self.node_ids[i]
+        try:
+            alive = next((n["Alive"] for n in _import_ray().nodes() if n["NodeID"] == node), None)
+        except Exception:  # noqa: BLE001 - the cluster may be going down: the id is enough
+            alive = None
+        state = "" if alive is None else (" (alive)" if alive else " (dead: the node was lost)")
+        return f"on node {node}{state}"
 
     def _gather(self, refs: list[Any], method: str, *, raw: bool = False,
                 indices: list[int] | None = None) -> list[Any]:
@@ -308,7 +322,7 @@ class RayScheduler(Scheduler):
             if not ready:
                 late = where[pending[0]]
                 raise WorkerFailed(self.names[late], f"no reply to {method}() within {self.timeout:g}s "
-                                   "(step_timeout_s)")
+                                   f"(step_timeout_s) {self._where(late)}")
             for r in ready:
                 out[where[r]] = self._get(where[r], r, method, raw)
         return [out[i] for i in idx]

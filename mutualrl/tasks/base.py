@@ -235,6 +235,16 @@ class Task:
     def known_ids(self) -> set[str]:
         return set(self._by_id)
 
+    def data_report(self) -> dict[str, int]:
+        """What reading the sources found (problems per split, gold answers a verifier could not read),
+        for the sources that report it (files and datasets)."""
+        out: dict[str, int] = {}
+        for s in self.sources:
+            report = getattr(s, "data_report", None)
+            if report is not None:
+                out.update(report())
+        return out
+
     # -- rewards
     def _source(self, problem: Problem) -> Source:
         for s in self.sources:

@@ -176,7 +176,8 @@ def build_with_progress(spec: ZooSpec, seed: int, task: Any, target: Path, *, pr
 
 def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str | os.PathLike[str] | None = None,
               progress: bool = True, specs: dict[str, ZooSpec] | None = None, task: Any | None = None,
-              threads: int | None = None, jobs: int | None = None, shipped: bool = True) -> dict[str, Path]:
+              threads: int | None = None, jobs: int | None = None, shipped: bool = True,
+              task_section: dict[str, Any] | None = None) -> dict[str, Path]:
     """Build (or load from the cache) zoo policies and return their model directories.
 
     The default policies at build seed 0 on the zoo task are shipped prebuilt (hash-checked, the
@@ -190,8 +191,9 @@ def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str 
     default builds are measured to land in their bands on one thread), deterministic in ``seed``,
     and written atomically (temporary directory + rename). On the zoo task, up to ``jobs`` policies
     (default: one per core) build at once, each in its own process
-    (:mod:`mutualrl.zoo.parallel`), with the same weights as one after another in this process;
-    ``jobs=1``, or a ``task`` of the caller's, builds them here one after another.
+    (:mod:`mutualrl.zoo.parallel`), with the same weights as one after another in this process; a
+    ``task`` of the caller's builds that way too when ``task_section`` (the run config ``task:``
+    section it was built from) is given, else here one after another, as ``jobs=1`` does.
     """
     import torch
 
@@ -203,12 +205,12 @@ def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str 
     if not todo:
         return dirs
     n_jobs = min(len(todo), jobs if jobs is not None else max(1, (os.cpu_count() or 1) // (threads or 1)))
-    if task is None and n_jobs > 1:
+    if (task is None or task_section is not None) and n_jobs > 1:
         from mutualrl.zoo.parallel import build_in_processes
 
         for i in range(0, len(todo), n_jobs):
             build_in_processes([(table[n], dirs[n]) for n in todo[i:i + n_jobs]], seed, threads=threads or 1,
-                               progress=progress)
+                               progress=progress, task_section=task_section)
         return dirs
     build_task = task if task is not None else default_task(seed)
     before = torch.get_num_threads()

@@ -17,11 +17,14 @@ skill, e.g.
   zoo:
     - {name: gpt2-gcd, like: gpt2-add, sft_mixture: {gcd: 0.8, lcm: 0.2},
        bands: {gcd: [0.3, 0.5], lcm: [0.03, 0.15]}}
-`like` picks the architecture and tokenizer of an embedded policy (default gpt2-add)."""
+`like` picks the architecture and tokenizer of an embedded policy (default gpt2-add), and its warm
+start: a generalist phase until every skill reaches generalist_target (the default policies: 0.3;
+0 for none), then the specialisation on sft_mixture until every skill is in its band."""
 
 
-def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec]]:
-    """The task and the zoo specs a ``zoo build --task FILE`` asks for (``UserError`` if invalid)."""
+def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec], dict[str, Any]]:
+    """The task, the zoo specs and the ``task:`` section a ``zoo build --task FILE`` asks for
+    (``UserError`` if invalid)."""
     import yaml
 
     from mutualrl.errors import ConfigError
@@ -50,9 +53,10 @@ def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec]]:
         where = f"zoo[{i}]"
         if not isinstance(e, dict):
             raise ConfigError(where, f"expected a mapping, got {type(e).__name__}")
-        unknown = sorted(set(e) - {"name", "like", "sft_mixture", "bands"})
+        unknown = sorted(set(e) - {"name", "like", "sft_mixture", "bands", "generalist_target"})
         if unknown:
-            raise ConfigError(f"{where}.{unknown[0]}", "unknown field; valid: name, like, sft_mixture, bands")
+            raise ConfigError(f"{where}.{unknown[0]}", "unknown field; valid: name, like, sft_mixture, bands, "
+                              "generalist_target")
         like = e.get("like", "gpt2-add")
         if like not in ZOO:
             raise ConfigError(f"{where}.like", f"unknown zoo policy {like!r}; valid: {', '.join(ZOO)}")
@@ -64,11 +68,17 @@ def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec]]:
             bands = {str(k): (float(v[0]), float(v[1])) for k, v in dict(e.get("bands") or {}).items()}
         except (TypeError, ValueError, IndexError, KeyError):
             raise ConfigError(where, "sft_mixture maps skills to weights, bands maps skills to [low, high]") from None
-        spec = dataclasses.replace(ZOO[like], name=name, sft_mixture=mix, bands=bands,
+        try:
+            generalist = float(e.get("generalist_target", ZOO[like].generalist_target))
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}.generalist_target", "expected a number in [0, 1)") from None
+        if not 0 <= generalist < 1:
+            raise ConfigError(f"{where}.generalist_target", f"expected a number in [0, 1), got {generalist}")
+        spec = dataclasses.replace(ZOO[like], name=name, sft_mixture=mix, bands=bands, generalist_target=generalist,
                                    description=f"{ZOO[like].description.split(';')[0]}; built for {p.name}")
         spec.check(list(task.train))
         specs[name] = spec
-    return task, specs
+    return task, specs, data["task"]
 
 
 def _positive_int(text: str) -> int:
@@ -86,10 +96,10 @@ def _positive_int(text: str) -> int:
 def _cmd_build(args: Any) -> int:
     t0 = time.perf_counter()
     if args.task:
-        task, specs = task_specs(args.task)
+        task, specs, section = task_specs(args.task)
         names = args.names or list(specs)
         dirs = build_zoo(names, seed=args.seed, cache_dir=args.cache_dir, progress=True, specs=specs, task=task,
-                         jobs=args.jobs)
+                         jobs=args.jobs, task_section=section)
     else:
         if args.names:
             check_names(args.names)
@@ -145,7 +155,7 @@ def register(subparsers: Any) -> None:
             q.add_argument("--task", metavar="CONFIG.yaml", help="build for your own task (see below)")
             q.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
                            help="policies built at once, one process and one torch thread each (default: one "
-                           "per core; the weights are the same as one after another; a --task build runs them one after another)")
+                           "per core; the weights are the same as one after another)")
             q.add_argument("--rebuild", action="store_true",
                            help="build the default policies (seed 0) on this machine instead of using the shipped, "
                            "hash-checked weights (floating-point rounding differs between CPUs, so the weights will "

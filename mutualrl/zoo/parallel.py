@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from mutualrl.zoo.specs import ZooSpec
 
@@ -34,8 +34,10 @@ def _relay(src: IO[str], dst: IO[str], keep: list[str] | None) -> None:
 
 
 def build_in_processes(jobs: Sequence[tuple[ZooSpec, Path]], seed: int, *, threads: int = 1,
-                       progress: bool = True, stream: IO[str] | None = None) -> None:
-    """Build every ``(spec, target)`` of ``jobs`` for the default zoo task of ``seed``, all at once.
+                       progress: bool = True, stream: IO[str] | None = None,
+                       task_section: dict[str, Any] | None = None) -> None:
+    """Build every ``(spec, target)`` of ``jobs`` for the default zoo task of ``seed`` (or the task a
+    run config's ``task:`` section ``task_section`` describes), all at once.
 
     Raises :class:`~mutualrl.zoo.sft.ZooBandError` with every failed policy's message when a build
     missed its band (the others are still built and cached), ``RuntimeError`` when a child failed
@@ -49,6 +51,8 @@ def build_in_processes(jobs: Sequence[tuple[ZooSpec, Path]], seed: int, *, threa
                "--seed", str(seed), "--target", str(target), "--threads", str(threads)]
         if not progress:
             cmd.append("--quiet")
+        if task_section is not None:
+            cmd += ["--task", json.dumps(task_section)]
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
         err: list[str] = []
         relays = [threading.Thread(target=_relay, args=(p.stdout, out, None), daemon=True),
@@ -86,19 +90,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--target", type=Path, required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--task", default=None, help="a run config's task: section as JSON (default: the zoo task)")
     args = ap.parse_args(argv)
 
     import torch
 
+    from mutualrl.resolve import resolve_task
+    from mutualrl.tasks.build import build_task
     from mutualrl.zoo.build import build_with_progress
     from mutualrl.zoo.sft import ZooBandError
     from mutualrl.zoo.task import default_task
 
     torch.set_num_threads(args.threads)
     spec = ZooSpec.from_dict(json.loads(args.spec))
+    task = default_task(args.seed) if args.task is None else build_task(resolve_task(json.loads(args.task)))
     try:
-        build_with_progress(spec, args.seed, default_task(args.seed), args.target, progress=not args.quiet,
-                            stream=sys.stdout)
+        build_with_progress(spec, args.seed, task, args.target, progress=not args.quiet, stream=sys.stdout)
     except ZooBandError as exc:
         print(str(exc), file=sys.stderr, flush=True)
         return 2

@@ -43,6 +43,7 @@ def prp(ctx: ShareContext, batch: TrainBatch) -> None:
             batch.peer_rows[r.source_policy] += 1
             for k, v in res.residual.items():
                 residual_sum[k] += v
+                residual_sum[f"{k}/{r.source_policy}"] += v  # per tokenizer pair (this learner, that peer)
         # re-verify: the reward of a peer sample is the learner's own verifier's, never the claim
         rewards = ctx.score([g.problem] * len(kept), kept)[0] if kept else []
         per_group.append(list(zip(aligned, rewards, strict=True)))
@@ -64,4 +65,5 @@ def prp(ctx: ShareContext, batch: TrainBatch) -> None:
     for reason, n in reasons.items():
         batch.metrics[f"prp_refused/{reason}"] = n
     for k, v in residual_sum.items():
-        batch.metrics[f"prp_thl_{k}"] = v / max(1, n_peer)
+        peer = k.partition("/")[2]
+        batch.metrics[f"prp_thl_{k}"] = v / max(1, batch.peer_rows[peer] if peer else n_peer)

@@ -1,0 +1,220 @@
+"""Three and more policies: does a third peer add to the first two, and what does K cost?
+
+    python benchmarks/mutual_k.py [--seeds 0,1,2] [--steps 300] [--cost-only] [--sweep-only] [--reuse]
+
+1. **The zoo of three** (``examples/zoo_three.yaml``, built with ``mutualrl zoo build --task``):
+   addition, subtraction and multiplication; ``gpt2-add3`` (GPT-2, byte-level BPE) specialised in
+   addition, ``llama-sub3`` (Llama, Unigram) in subtraction, ``neox-mul3`` (GPT-NeoX, characters) in
+   multiplication, each a generalist first, so every policy lacks two skills that two peers have.
+2. **The K-sweep**: ``independent`` with all three policies (independent training does not depend
+   on K: each policy's numbers are those of K = 1), the best sharing arm (``imitate``) with the
+   first two policies (K = 2) and with all three (K = 3); 3 seeds, the demo's settings (64 prompts
+   x 8 samples per policy per step: equal rollout budget per policy), held-out accuracy per policy
+   and skill, peer rows used from each peer and their acceptance (used / offered), the THL residual
+   of each tokenizer pair on the peers' verified texts.
+3. **Cost against K** (K = 1..4 zoo policies, the fourth a second GPT-2): measured step time, rows
+   published and query time per step, peak memory per worker, and the planner's predicted step
+   time, from short runs of ``imitate`` (``independent`` at K = 1), one after another, idle.
+
+Writes ``benchmarks/results/mutual_k.json`` and ``benchmarks/results/mutual_k_report/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, git_rev, machine, write_result
+
+ROOT = Path(__file__).resolve().parent.parent
+TASK_FILE = ROOT / "examples" / "zoo_three.yaml"
+BEST = "imitate"
+
+
+def build_three() -> tuple[dict[str, Path], dict[str, Any]]:
+    """The three policies of ``examples/zoo_three.yaml`` (built once, cached) and its task section."""
+    from mutualrl.zoo.build import build_zoo
+    from mutualrl.zoo.cli import task_specs
+
+    task, specs, section = task_specs(TASK_FILE)
+    return build_zoo(list(specs), seed=0, progress=False, specs=specs, task=task, task_section=section), section
+
+
+def run_config(dirs: dict[str, Path], names: list[str], task: dict[str, Any], strategy: str, seed: int,
+               steps: int, *, eval_every: int | None = None, eval_size: int = 1200) -> dict[str, Any]:
+    """The demo's settings for ``names`` on the three-skill task."""
+    from mutualrl.demo import demo_config
+
+    cfg = demo_config(strategy, seed, steps=steps)
+    cfg["policies"] = [{"name": n, "model": str(dirs.get(n, dirs.get(n.removesuffix("-b"))))} for n in names]
+    cfg["task"] = {**task, "test_size": eval_size, "seed": 0, "reward": "exact"}
+    cfg["eval_size"] = eval_size
+    cfg["eval_every"] = eval_every or max(1, steps // 6)
+    return cfg
+
+
+def train(cfg: dict[str, Any], out: Path, reuse: bool) -> Path:
+    from mutualrl.resolve import load_config
+    from mutualrl.trainer import MutualTrainer
+
+    if reuse and (out / "summary.json").is_file():
+        return out
+    if out.exists():
+        shutil.rmtree(out)
+    MutualTrainer(load_config(cfg), out, progress=False).train()
+    return out
+
+
+def peer_table(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """Per learner, per peer: rows used per step and acceptance (used / offered over the run)."""
+    out: dict[str, dict[str, Any]] = {}
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in rows if r.get("event") != "eval"]
+    for r in steps:
+        learner = out.setdefault(r["policy"], {})
+        for k, v in r.items():
+            if k.startswith("peer_rows/"):
+                peer = k.split("/", 1)[1]
+                e = learner.setdefault(peer, {"used": 0.0, "offered": 0.0, "steps": 0})
+                e["used"] += v
+                e["offered"] += r.get(f"peer_offered/{peer}", 0.0)
+                e["steps"] += 1
+    for learner in out.values():
+        for e in learner.values():
+            e["used_per_step"] = e["used"] / max(1, e["steps"])
+            e["acceptance"] = e["used"] / e["offered"] if e["offered"] else None
+    return out
+
+
+def pair_residuals(dirs: dict[str, Path], run_dir: Path, names: list[str]) -> dict[str, Any]:
+    """THL's residual for each ordered tokenizer pair on the verified texts the run's peers shared."""
+    from transformers import AutoTokenizer
+
+    from mutualrl.exchange import open_exchange
+    from mutualrl.resolve import run_config as saved_config
+    from mutualrl.tasks.build import build_task
+    from mutualrl.thl.align import align_batch
+    from mutualrl.thl.residual import pair_report
+
+    ids = sorted(build_task(saved_config(run_dir).task).known_ids())
+    with open_exchange(f"sqlite:///{(run_dir / 'exchange.db').resolve()}") as ex:
+        texts = {n: [r.completion for r in ex.query(ids, kinds=["verified_success"], limit=4000)
+                     if r.source_policy == n and r.completion] for n in names}
+    toks = {n: AutoTokenizer.from_pretrained(dirs[n]) for n in names}
+    out = {}
+    for a in names:
+        for b in names:
+            if a != b and texts[a]:
+                out[f"{a}->{b}"] = pair_report(align_batch(texts[a][:1000], toks[a], toks[b])).as_dict()
+    return out
+
+
+def sweep(dirs: dict[str, Path], task: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    from mutualrl.report import load_run, summarize, write_report
+
+    names = list(dirs)
+    arms = [("independent", names, "K3"), (BEST, names[:2], "K2"), (BEST, names, "K3")]
+    run_dirs: dict[str, list[Path]] = {}
+    for seed in args.seeds:
+        for strategy, pols, k in arms:
+            key = f"{strategy}-{k}"
+            out = Path(args.out) / f"{key}-seed{seed}"
+            cfg = run_config(dirs, pols, task, strategy, seed, args.steps)
+            t = time.perf_counter()
+            train(cfg, out, args.reuse)
+            print(f"done {key} seed {seed} ({time.perf_counter() - t:.0f}s)", flush=True)
+            run_dirs.setdefault(key, []).append(out)
+    result: dict[str, Any] = {}
+    for key, ds in run_dirs.items():
+        (s,) = summarize([load_run(d) for d in ds]).values()
+        s["peers"] = [peer_table(d) for d in ds]
+        result[key] = s
+    write_report([d for ds in run_dirs.values() for d in ds if "K3" in d.name], RESULTS / "mutual_k_report",
+                 title="mutualrl: three policies (K = 3)",
+                 notes=["independent and imitate with all three policies; the K = 2 runs are in mutual_k.json."])
+    shared = names[:2]
+
+    def shared_avg(key: str) -> list[float]:
+        s = result[key]["per_policy_final"]
+        return [statistics.fmean(v) for v in zip(*(s[p]["values"] for p in shared), strict=True)]
+
+    k2, k3, ind = shared_avg(f"{BEST}-K2"), shared_avg(f"{BEST}-K3"), shared_avg("independent-K3")
+    result["shared_policies"] = shared
+    result["shared_avg_final"] = {"independent": ind, f"{BEST}-K2": k2, f"{BEST}-K3": k3}
+    result["target_k3_ge_k2"] = {"k2_mean": statistics.fmean(k2), "k3_mean": statistics.fmean(k3),
+                                 "met": statistics.fmean(k3) >= statistics.fmean(k2)}
+    result["thl_pair_residual"] = pair_residuals(dirs, run_dirs[f"{BEST}-K3"][0], names)
+    return result
+
+
+def cost(dirs: dict[str, Path], task: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Step time, rows and query time per step, peak memory and the plan's prediction, K = 1..4."""
+    names = list(dirs) + [f"{next(iter(dirs))}-b"]
+    out: dict[str, Any] = {"steps": args.cost_steps, "load_avg": {"start": os.getloadavg()[0]}}
+    for k in range(1, 5):
+        strategy = "independent" if k == 1 else BEST
+        run = Path(args.out) / f"cost-K{k}"
+        cfg = run_config(dirs, names[:k], task, strategy, 0, args.cost_steps, eval_every=10**6, eval_size=40)
+        train(cfg, run, reuse=False)
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        steps = [r for r in rows if r.get("event") != "eval" and r["step"] >= 2]  # the first steps warm up
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        for r in steps:
+            by_step.setdefault(r["step"], []).append(r)
+        plan = json.loads((run / "allocation.json").read_text())["plans"][0] if (run / "allocation.json").is_file() \
+            else {}
+        out[f"K{k}"] = {
+            "strategy": strategy,
+            "step_s": statistics.fmean(max(r["step_s"] for r in rs) for rs in by_step.values()),
+            "predicted_step_s": plan.get("predicted_step_s"),
+            "rows_published_per_step": statistics.fmean(sum(r.get("published", 0) for r in rs)
+                                                        for rs in by_step.values()),
+            "query_s_per_step": statistics.fmean(max(r.get("query_s", 0.0) for r in rs) for rs in by_step.values()),
+            "peer_rows_used_per_step": statistics.fmean(sum(r.get("peer_rows", 0) for r in rs)
+                                                        for rs in by_step.values()),
+            "peak_rss_mb_per_worker": max(r.get("rss_peak_mb", 0.0) for r in steps),
+        }
+        print(f"cost K={k}: {out[f'K{k}']}", flush=True)
+    out["load_avg"]["end"] = os.getloadavg()[0]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--cost-steps", type=int, default=12)
+    ap.add_argument("--cost-only", action="store_true")
+    ap.add_argument("--sweep-only", action="store_true")
+    ap.add_argument("--reuse", action="store_true", help="keep finished sweep runs in --out")
+    ap.add_argument("--out", default="runs/bench_mutual_k")
+    args = ap.parse_args()
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    dirs, task = build_three()
+    result: dict[str, Any] = {"policies": list(dirs), "task_file": str(TASK_FILE.relative_to(ROOT)),
+                              "seeds": args.seeds, "steps": args.steps, "best_arm": BEST}
+    previous = RESULTS / "mutual_k.json"
+    if previous.is_file():  # one part at a time keeps the other's figures
+        old = json.loads(previous.read_text())
+        result.update({k: old[k] for k in ("sweep", "cost") if k in old})
+    if not args.cost_only:
+        result["sweep"] = sweep(dirs, task, args)
+    if not args.sweep_only:
+        result["cost"] = cost(dirs, task, args)
+    mach = machine()
+    mach["load_avg"] = {"start": load0, "end": os.getloadavg()[0]}
+    write_result("mutual_k", {**result, "machine": mach, "quick": False, "wall_s": time.perf_counter() - t0,
+                              "git_rev": git_rev()})
+
+
+if __name__ == "__main__":
+    main()
