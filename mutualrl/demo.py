@@ -16,6 +16,9 @@ from typing import Any
 from mutualrl.errors import UserError
 
 DEMO_POLICIES = ["gpt2-add", "llama-sub"]
+DEMO_STEPS = 200
+"""Steps per arm of ``mutualrl demo`` (the study, ``benchmarks/mutual.py``, runs 300): the shared
+skills have come back by then, and two arms fit the ten minutes a first run may take."""
 DEMO_ARMS = ["independent", "imitate"]
 """What ``mutualrl demo`` runs by default: plain GRPO and the best sharing arm of the zoo study
 (``benchmarks/mutual.py``), on the same seed and prompts."""
@@ -66,6 +69,8 @@ def run_demo(out: Path, *, quick: bool = False, arms: list[str] | None = None, s
             raise UserError(f"output directory {str(out)!r} exists and is not empty; use --force to overwrite "
                             "or -o to choose another")
         shutil.rmtree(out)
+    if steps is None and not quick:
+        steps = DEMO_STEPS
     t0 = time.perf_counter()
     print("[mutualrl demo] building / loading the policy zoo ...")
     build_zoo(DEMO_POLICIES, seed=0, progress=progress)
