@@ -113,11 +113,21 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         key, eq, text = item.partition("=")
         if not eq or not key.strip():
             raise UserError(f"--set expects FIELD=VALUE (e.g. policies.0.grpo.learning_rate=3e-5), got {item!r}")
-        try:
-            out[key.strip()] = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
-            out[key.strip()] = text
+        out[key.strip()] = _scalar(text)
     return out
+
+
+def _scalar(text: str) -> Any:
+    """A command-line value: a number (``3e-5`` too, which YAML 1.1 reads as text), else YAML."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

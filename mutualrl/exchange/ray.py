@@ -20,6 +20,7 @@ from typing import Any
 
 from mutualrl.errors import UserError
 from mutualrl.exchange.base import _RECORD_CLASSES, Exchange, PublishResult, Query, gc_paused
+from mutualrl.exchange.local import open_local_exchange
 from mutualrl.experience import (
     DEFAULT_LIMITS,
     ExperienceLimits,
@@ -45,9 +46,7 @@ class ExchangeActor:
     """The actor body: wraps a local store; takes msgpack/JSON lines, returns rows in storage form."""
 
     def __init__(self, store_url: str, limits: dict[str, Any]) -> None:
-        from mutualrl.exchange import open_exchange
-
-        self._ex = open_exchange(store_url, ExperienceLimits.from_dict(limits))
+        self._ex = open_local_exchange(store_url, ExperienceLimits.from_dict(limits))
 
     def publish_lines(self, lines: list[str | bytes]) -> dict[str, Any]:
         """Parse, validate and store lines (see :meth:`Exchange.publish_json`)."""

@@ -3,7 +3,7 @@
 A zoo build is single-threaded by design (the thread count moves where a tiny model's skill
 onset falls, so every default build runs on one thread), which leaves the other cores idle when
 the default zoo is built: on two cores the two policies take the time of the slower one instead
-of their sum. Each child is ``python -m mutualrl.zoo.parallel`` with the spec as JSON, the build
+of their sum. Each child is ``python -m mutualrl.zoo.child`` with the spec as JSON, the build
 seed and the target directory on its command line (nothing is pickled); it builds into the
 target exactly as an in-process build does (same code, same thread count: the same weights) and
 prints its progress as plain lines on stdout, which the parent relays. A child whose build
@@ -13,7 +13,6 @@ misses its band exits with code 2 and the band message; the parent raises that a
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -47,7 +46,7 @@ def build_in_processes(jobs: Sequence[tuple[ZooSpec, Path]], seed: int, *, threa
     out = stream or sys.stderr
     procs = []
     for spec, target in jobs:
-        cmd = [sys.executable, "-m", "mutualrl.zoo.parallel", "--spec", json.dumps(spec.to_dict()),
+        cmd = [sys.executable, "-m", "mutualrl.zoo.child", "--spec", json.dumps(spec.to_dict()),
                "--seed", str(seed), "--target", str(target), "--threads", str(threads)]
         if not progress:
             cmd.append("--quiet")
@@ -80,37 +79,3 @@ def build_in_processes(jobs: Sequence[tuple[ZooSpec, Path]], seed: int, *, threa
         raise RuntimeError(f"zoo build of {name!r} failed in its process (exit {rc}):\n{tail}")
     if band:
         raise ZooBandError(" | ".join(band))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Child entry point: build one policy into ``--target``; exit 2 when it misses its band."""
-    ap = argparse.ArgumentParser(prog="python -m mutualrl.zoo.parallel", description=__doc__)
-    ap.add_argument("--spec", required=True, help="the ZooSpec as JSON (ZooSpec.to_dict)")
-    ap.add_argument("--seed", type=int, required=True)
-    ap.add_argument("--target", type=Path, required=True)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--quiet", action="store_true")
-    ap.add_argument("--task", default=None, help="a run config's task: section as JSON (default: the zoo task)")
-    args = ap.parse_args(argv)
-
-    import torch
-
-    from mutualrl.resolve import resolve_task
-    from mutualrl.tasks.build import build_task
-    from mutualrl.zoo.build import build_with_progress
-    from mutualrl.zoo.sft import ZooBandError
-    from mutualrl.zoo.task import default_task
-
-    torch.set_num_threads(args.threads)
-    spec = ZooSpec.from_dict(json.loads(args.spec))
-    task = default_task(args.seed) if args.task is None else build_task(resolve_task(json.loads(args.task)))
-    try:
-        build_with_progress(spec, args.seed, task, args.target, progress=not args.quiet, stream=sys.stdout)
-    except ZooBandError as exc:
-        print(str(exc), file=sys.stderr, flush=True)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
