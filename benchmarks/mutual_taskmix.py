@@ -1,11 +1,12 @@
-"""The sharing study on a second task mix: multiplication and three-term sums (no two-term addition
-or subtraction), policies built with ``mutualrl zoo build --task examples/zoo_taskmix.yaml``.
+"""The sharing study on a second task mix: one-digit by two-digit multiplication and three-term
+one-digit sums and differences (no two-term addition or subtraction), policies built with
+``mutualrl zoo build --task examples/zoo_taskmix.yaml``.
 
     python benchmarks/mutual_taskmix.py [--seeds 0,1,2] [--arms ...] [--steps N]
 
 The same study as ``benchmarks/mutual.py`` (same settings, equal rollout budget, 3 seeds) on the
 task file's policies (``gpt2-mul``: GPT-2, byte-level BPE, specialised in multiplication;
-``llama-sum3``: Llama, Unigram, in three-term sums; both generalists first). Writes
+``llama-chain``: Llama, Unigram, in three-term sums; both generalists first). Writes
 ``benchmarks/results/mutual_taskmix.json`` and ``mutual_taskmix_report/``.
 """
 

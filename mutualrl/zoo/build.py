@@ -38,8 +38,8 @@ def task_key(task: Any | None) -> str:
     """A short hash of a task's sources (empty for the default zoo task)."""
     if task is None:
         return ""
-    desc = [[getattr(s, "dataset", type(s).__name__), s.name, getattr(s, "config", {}),
-             str(getattr(s, "path", ""))] for s in task.sources]
+    desc = [[getattr(s, "dataset", type(s).__name__), s.name, getattr(s, "config", {}), _data_hash(s)]
+            for s in task.sources]
     payload = json.dumps({"sources": desc, "weights": task.weights, "seed": task.seed}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
@@ -50,6 +50,14 @@ def is_shipped(name: str, seed: int = 0, spec: ZooSpec | None = None, task: Any 
     spec = spec if spec is not None else ZOO.get(name)
     return (spec is not None and task is None and seed == 0
             and shipped_key(name) == spec.cache_key(seed, task_key(task)))
+
+
+def _data_hash(source: Any) -> str:
+    """A file source's data by content (where the file lies does not change the task), else ''."""
+    path = getattr(source, "path", None)
+    if path is None or not Path(path).is_file():
+        return ""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 def policy_dir(name: str, seed: int = 0, cache_dir: str | os.PathLike[str] | None = None,

@@ -40,6 +40,11 @@ def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec], dict[str, Any
         raise UserError(f"--task: {p} is not valid YAML ({' '.join(str(exc).split())})") from None
     if not isinstance(data, dict) or "task" not in data or "zoo" not in data:
         raise UserError(f"--task: {p} needs a `task:` and a `zoo:` section.\n{TASK_FILE_HELP}")
+    for d in (data["task"] or {}).get("datasets") or []:  # a relative data path is beside the task file
+        for key in ("path", "dataset"):
+            value = d.get(key) if isinstance(d, dict) else None
+            if isinstance(value, str) and not Path(value).expanduser().is_absolute() and (p.parent / value).exists():
+                d[key] = str((p.parent / value).resolve())
     tcfg = resolve_task(data["task"])
     try:
         task = build_task(tcfg)
