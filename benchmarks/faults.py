@@ -49,6 +49,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _hostile import hostile_rows
 
+from mutualrl.tracking import is_measurement
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -112,7 +114,7 @@ def read_metrics(path: Path) -> dict[tuple, dict[str, Any]]:
 
 
 def metric_max_diff(a: dict[tuple, dict], b: dict[tuple, dict]) -> tuple[float, str]:
-    """Max abs diff over every numeric metric except timings (keys ending in ``_s``) and a note.
+    """Max abs diff over every numeric metric except measurements of the machine (time, memory) and a note.
 
     A row or a metric present on one side only counts as an infinite difference.
     """
@@ -122,7 +124,7 @@ def metric_max_diff(a: dict[tuple, dict], b: dict[tuple, dict]) -> tuple[float, 
             return float("inf"), f"row {key} only on one side"
         ra, rb = a[key], b[key]
         for f in set(ra) | set(rb):
-            if f.endswith("_s") or f in ("step", "policy", "event"):
+            if is_measurement(f) or f in ("step", "policy", "event"):
                 continue
             va, vb = ra.get(f), rb.get(f)
             if not isinstance(va, (int, float)) or not isinstance(vb, (int, float)):

@@ -20,6 +20,15 @@ TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "trackio")
 """The ``report_to`` values besides ``none``."""
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
 DEFAULT_PROJECT = "mutualrl"
+MACHINE_KEYS: frozenset[str] = frozenset({"pid", "ahead"})
+"""Metrics that describe the process or the scheduling, not the training."""
+
+
+def is_measurement(key: str) -> bool:
+    """Whether metric ``key`` measures the machine (seconds ``*_s``, memory ``*_mb``, the process,
+    how far a policy ran ahead) rather than the training: it may differ between two runs of one seed,
+    so resume and reproducibility checks leave it out."""
+    return key.endswith(("_s", "_mb")) or key in MACHINE_KEYS
 
 
 class Tracker(Protocol):
