@@ -1,15 +1,17 @@
 """Three and more policies: does a third peer add to the first two, and what does K cost?
 
     python benchmarks/mutual_k.py [--seeds 0,1,2] [--steps 300] [--cost-only] [--sweep-only] [--reuse]
+                                  [--k2-from runs/bench_mutual/full]
 
 1. **Three policies of three families and tokenizer kinds** on the zoo task (2-digit addition and
    subtraction): the shipped ``gpt2-add`` (GPT-2, byte-level BPE; addition, subtraction lost) and
    ``llama-sub`` (Llama, Unigram; the reverse), and ``neox-mix`` (GPT-NeoX, characters), a weak
    generalist warm-started to 10-30 % on both skills (built once here, cached): a third peer that
    holds some of each skill, so it can give to both others and take from both.
-2. **The K-sweep**: ``independent`` with all three policies (independent training does not depend
-   on K: each policy's numbers are those of K = 1), the best sharing arm (``imitate``) with the
-   first two policies (K = 2) and with all three (K = 3); 3 seeds, the demo's settings (64 prompts
+2. **The K-sweep**: ``independent`` for every policy (independent training does not depend on K:
+   the first two together, the third alone), the best sharing arm (``imitate``) with the first two
+   policies (K = 2; ``--k2-from`` takes these and the independent pair from ``benchmarks/mutual.py``'s
+   runs, which have the same config) and with all three (K = 3); 3 seeds, the demo's settings (64 prompts
    x 8 samples per policy per step: equal rollout budget per policy), held-out accuracy per policy
    and skill, peer rows used from each peer and their acceptance (used / offered), the THL residual
    of each tokenizer pair on the peers' verified texts.
@@ -116,38 +118,64 @@ def pair_residuals(dirs: dict[str, Path], run_dir: Path, names: list[str]) -> di
     return out
 
 
+def _runs_for(key: str, seed: int, args: argparse.Namespace) -> Path | None:
+    """A finished run of ``benchmarks/mutual.py`` (``--k2-from``) that is this sweep's run: same
+    demo config, same policies, same seed (``independent-K2`` / ``imitate-K2``)."""
+    if not args.k2_from or not key.endswith("-K2"):
+        return None
+    d = Path(args.k2_from) / f"{key.removesuffix('-K2')}-seed{seed}"
+    return d if (d / "summary.json").is_file() else None
+
+
 def sweep(dirs: dict[str, Path], task: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     from mutualrl.report import load_run, summarize, write_report
 
     names = list(dirs)
-    arms = [("independent", names, "K3"), (BEST, names[:2], "K2"), (BEST, names, "K3")]
+    # independent training does not depend on K (no policy reads another's rows): the first two
+    # alone (K = 2) and the third alone (K = 1) give every policy's independent figure
+    arms = [("independent", names[:2], "K2"), ("independent", names[2:], "K1"), (BEST, names[:2], "K2"),
+            (BEST, names, "K3")]
     run_dirs: dict[str, list[Path]] = {}
     for seed in args.seeds:
         for strategy, pols, k in arms:
             key = f"{strategy}-{k}"
-            out = Path(args.out) / f"{key}-seed{seed}"
-            cfg = run_config(dirs, pols, task, strategy, seed, args.steps)
-            t = time.perf_counter()
-            train(cfg, out, args.reuse)
-            print(f"done {key} seed {seed} ({time.perf_counter() - t:.0f}s)", flush=True)
+            out = _runs_for(key, seed, args) or Path(args.out) / f"{key}-seed{seed}"
+            if out.parent == Path(args.out):
+                cfg = run_config(dirs, pols, task, strategy, seed, args.steps)
+                t = time.perf_counter()
+                train(cfg, out, args.reuse)
+                print(f"done {key} seed {seed} ({time.perf_counter() - t:.0f}s)", flush=True)
+            else:
+                print(f"{key} seed {seed}: the zoo study's run {out}", flush=True)
             run_dirs.setdefault(key, []).append(out)
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"runs": {k: [str(d) for d in ds] for k, ds in run_dirs.items()}}
     for key, ds in run_dirs.items():
         (s,) = summarize([load_run(d) for d in ds]).values()
         s["peers"] = [peer_table(d) for d in ds]
         result[key] = s
-    write_report([d for ds in run_dirs.values() for d in ds if "K3" in d.name], RESULTS / "mutual_k_report",
-                 title="mutualrl: three policies (K = 3)",
-                 notes=["independent and imitate with all three policies; the K = 2 runs are in mutual_k.json."])
+    write_report(run_dirs[f"{BEST}-K3"], RESULTS / "mutual_k_report", title="mutualrl: three policies (K = 3)",
+                 notes=[f"{BEST} with all three policies; independent and the K = 2 runs are in mutual_k.json."])
+
+    def per_policy(key: str, pol: str) -> list[float]:
+        return result[key]["per_policy_final"][pol]["values"]
+
+    independent = {p: per_policy("independent-K2" if p in names[:2] else "independent-K1", p) for p in names}
+    result["per_policy_final"] = {
+        p: {"independent": independent[p], **({f"{BEST}-K2": per_policy(f"{BEST}-K2", p)} if p in names[:2] else {}),
+            f"{BEST}-K3": per_policy(f"{BEST}-K3", p)} for p in names}
     shared = names[:2]
 
-    def shared_avg(key: str) -> list[float]:
-        s = result[key]["per_policy_final"]
-        return [statistics.fmean(v) for v in zip(*(s[p]["values"] for p in shared), strict=True)]
+    def shared_avg(by_policy: dict[str, list[float]]) -> list[float]:
+        return [statistics.fmean(v) for v in zip(*(by_policy[p] for p in shared), strict=True)]
 
-    k2, k3, ind = shared_avg(f"{BEST}-K2"), shared_avg(f"{BEST}-K3"), shared_avg("independent-K3")
+    ind = shared_avg(independent)
+    k2 = shared_avg({p: per_policy(f"{BEST}-K2", p) for p in shared})
+    k3 = shared_avg({p: per_policy(f"{BEST}-K3", p) for p in shared})
+    third = names[2]
     result["shared_policies"] = shared
     result["shared_avg_final"] = {"independent": ind, f"{BEST}-K2": k2, f"{BEST}-K3": k3}
+    result["third_policy"] = {"name": third, "independent": independent[third],
+                              f"{BEST}-K3": per_policy(f"{BEST}-K3", third)}
     result["target_k3_ge_k2"] = {"k2_mean": statistics.fmean(k2), "k3_mean": statistics.fmean(k3),
                                  "met": statistics.fmean(k3) >= statistics.fmean(k2)}
     result["thl_pair_residual"] = pair_residuals(dirs, run_dirs[f"{BEST}-K3"][0], names)
@@ -195,6 +223,9 @@ def main() -> None:
     ap.add_argument("--sweep-only", action="store_true")
     ap.add_argument("--reuse", action="store_true", help="keep finished sweep runs in --out")
     ap.add_argument("--out", default="runs/bench_mutual_k")
+    ap.add_argument("--k2-from", default=None, help="the run folder of `benchmarks/mutual.py` (e.g. "
+                    "runs/bench_mutual/full): its independent and imitate runs are this sweep's K = 2 runs "
+                    "(the same demo config and seeds), so they are not trained twice")
     args = ap.parse_args()
     args.seeds = [int(s) for s in args.seeds.split(",")]
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
