@@ -164,7 +164,8 @@ def main() -> None:
 def targets(summ: dict[str, Any], target_gap: float = 5.0) -> dict[str, Any]:
     """The sharing issue's figures for the zoo, measured: the best arm >= independent + 5 points on the
     mean and above it on every seed, no policy's own skill more than 2 points below independent's;
-    the efficiency arm >= independent's full-budget mean."""
+    the efficiency arm >= independent's full-budget mean; and the best arm against the control
+    ``self_imitate`` (the same supervised step on the learner's own successes alone), per seed."""
     ind, best, eff = summ.get("independent"), summ.get(BEST_ARM), summ.get(EFFICIENCY_ARM)
     out: dict[str, Any] = {}
     if ind and best:
@@ -180,6 +181,12 @@ def targets(summ: dict[str, Any], target_gap: float = 5.0) -> dict[str, Any]:
         out["best_above_independent_every_seed"] = {"values": per_seed, "met": all(v > 0 for v in per_seed)}
         out["own_skill_cost_pts"] = {"values": own_cost, "target": -2.0,
                                      "met": all(v >= -2.0 for v in own_cost.values())}
+    control = summ.get("self_imitate")
+    if best and control:  # what the peers add beyond the learner imitating its own successes
+        per_seed = [100 * (b - c) for b, c in zip(best["avg_test_acc_final"]["values"],
+                                                   control["avg_test_acc_final"]["values"], strict=True)]
+        out["best_minus_self_imitate_pts"] = {"value": statistics.fmean(per_seed), "values": per_seed,
+                                              "met": all(v > 0 for v in per_seed)}
     if ind and eff:
         gap = 100 * (eff["avg_test_acc_final"]["mean"] - ind["avg_test_acc_final"]["mean"])
         out["efficiency_minus_independent_pts"] = {"value": gap, "target": 0.0, "met": gap >= 0.0,
