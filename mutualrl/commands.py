@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mutualrl.demo import run_demo
 from mutualrl.errors import UserError
 from mutualrl.paths import METRICS
+from mutualrl.tasks import available_datasets
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -123,8 +125,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from mutualrl.demo import run_demo
-
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -147,8 +147,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    from mutualrl.tasks import available_datasets
-
     for name in available_datasets():
         sys.stdout.write(name + "\n")
     return 0

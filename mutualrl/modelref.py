@@ -8,9 +8,12 @@ policy or preparing a real model on demand.
 from __future__ import annotations
 
 import difflib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from mutualrl.realmodels import MODELS, prepare, prepared_dir
 
 RefKind = Literal["zoo", "real", "dir", "hub"]
 
@@ -48,8 +51,6 @@ class ModelRef:
             _known(name, list(ZOO), "zoo policy", "zoo:")
             return cls("zoo", name, int(seed or 0))
         if ref.startswith("real:"):
-            from mutualrl.realmodels import MODELS
-
             _known(ref[5:], list(MODELS), "real model", "real:")
             return cls("real", ref[5:])
         p = Path(ref).expanduser()
@@ -69,8 +70,6 @@ class ModelRef:
 
             return policy_dir(self.name, self.seed)
         if self.kind == "real":
-            from mutualrl.realmodels import prepared_dir
-
             return prepared_dir(self.name)
         return Path(self.name) if self.kind == "dir" else None
 
@@ -82,8 +81,6 @@ class ModelRef:
 
             return str(zoo_model_dir(self.name, seed=self.seed, progress=progress))
         if self.kind == "real":
-            from mutualrl.realmodels import prepare
-
             return str(prepare(self.name, progress=progress))
         return self.name
 
@@ -97,6 +94,5 @@ def _known(name: str, valid: list[str], what: str, prefix: str) -> None:
 
 def resolve_model_path(ref: str) -> str:
     """``ModelRef.parse(ref).resolve()``: a directory or hub id for ``from_pretrained``."""
-    import sys
 
     return ModelRef.parse(ref).resolve(progress=sys.stderr.isatty())

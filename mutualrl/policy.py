@@ -28,8 +28,11 @@ from mutualrl.config import GenerationConfig, GRPOOptions, PeftConfig
 from mutualrl.devices import cpu_has_native_bf16, resolve_dtype
 from mutualrl.engines.base import GenerationEngine, SamplingParams, cache_kwarg, dedupe_prompts, left_pad
 from mutualrl.engines.head import HEAD_BLOCK_COLUMNS, decoder_and_head
+from mutualrl.engines.hf import HFEngine
+from mutualrl.engines.vllm import VLLMEngine
 from mutualrl.modeling import disable_dropout, format_prompt, generation_stop_ids, tokenizer_fingerprint
 from mutualrl.thl.peer import stop_ids_of
+from mutualrl.thl.retokenize import encode_completion
 
 LOGITS_BUDGET = 1 << 25
 """Most logits (elements) the training forward holds at once: 32 M floats, 128 MiB in fp32."""
@@ -172,10 +175,7 @@ class Policy:
 
     def _make_engine(self) -> GenerationEngine:
         if self.generation.engine == "vllm":
-            from mutualrl.engines.vllm import VLLMEngine
-
             return VLLMEngine(self)
-        from mutualrl.engines.hf import HFEngine
 
         # the blocked LM head pays on CPU; under autocast the model's own head keeps its dtype handling
         block = HEAD_BLOCK_COLUMNS if self.device.type == "cpu" and self.compute_dtype != "bfloat16" else None
@@ -231,8 +231,6 @@ class Policy:
         appended). With a prompt, THL's prompt-aware encoding is used: SentencePiece-style
         tokenizers mark a standalone string's first word differently from a continuation."""
         if prompt_ids:
-            from mutualrl.thl.retokenize import encode_completion
-
             ids = list(encode_completion(self.tokenizer, list(prompt_ids), text)[0])
         else:
             ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

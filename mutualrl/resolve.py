@@ -35,13 +35,18 @@ from mutualrl.config import (
     parse_config,
     read_config_data,
 )
-from mutualrl.devices import check_device
+from mutualrl.devices import check_device, cuda_supports_bf16
+from mutualrl.engines.vllm import check_vllm
 from mutualrl.errors import ConfigError, UserError
 from mutualrl.exchange.url import ExchangeURL
 from mutualrl.modelref import ModelRef, ModelRefError
 from mutualrl.paths import RUN_CONFIG
 from mutualrl.schema import build
 from mutualrl.tasks.base import validate_extraction_mode
+from mutualrl.tasks.build import build_source, build_task
+from mutualrl.tasks.gym import check_dataset
+from mutualrl.tasks.rewards import load_reward_function
+from mutualrl.tasks.rows import SourceFieldError
 from mutualrl.tracking import missing_package
 
 RESUMABLE: frozenset[str] = frozenset({"steps", "max_steps", "step_timeout_s", "tensorboard", "report_to",
@@ -187,8 +192,6 @@ def resolve(source: str | Path | Mapping[str, Any] | RunConfig | RunPlan, overri
 def _read_data(cfg: RunConfig) -> None:
     """What only shows when it is read: the task's data (each source's columns, splits and gold
     answers, named by its field), hub model ids."""
-    from mutualrl.tasks.build import build_source, build_task
-    from mutualrl.tasks.rows import SourceFieldError
 
     sources = []
     for i, d in enumerate(cfg.task.datasets if cfg.task.preset is None else []):
@@ -274,9 +277,6 @@ def check_outside(cfg: RunConfig, *, check_paths: bool = True) -> RunConfig:
 
 
 def _check_task_outside(t: TaskConfig, check_paths: bool) -> None:
-    from mutualrl.tasks.gym import check_dataset
-    from mutualrl.tasks.rewards import load_reward_function
-
     for i, d in enumerate(t.datasets):
         p = f"task.datasets[{i}]"
         if d.name is not None:
@@ -310,8 +310,6 @@ def _check_task_outside(t: TaskConfig, check_paths: bool) -> None:
 
 
 def _check_policy(cfg: RunConfig, i: int, check_paths: bool) -> None:
-    from mutualrl.devices import cuda_supports_bf16
-
     pol = cfg.policies[i]
     p = f"policies[{i}]"
     try:
@@ -333,8 +331,6 @@ def _check_policy(cfg: RunConfig, i: int, check_paths: bool) -> None:
     if pol.peft is not None and importlib.util.find_spec("peft") is None:
         raise ConfigError(f"{p}.peft", "LoRA needs the peft package: pip install peft (or mutualrl[peft])")
     if pol.generation.engine == "vllm":
-        from mutualrl.engines.vllm import check_vllm
-
         local = ref.local_dir()
         err = check_vllm(str(local) if local is not None and local.is_dir() else None)
         if err:

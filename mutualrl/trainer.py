@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from mutualrl.algorithms.sharing import parse_strategy
 from mutualrl.allocation import Scheduler, WorkerFailed, make_scheduler
 from mutualrl.checkpoint import (
     CHECKPOINTS,
@@ -32,8 +33,11 @@ from mutualrl.checkpoint import (
 )
 from mutualrl.config import RunConfig
 from mutualrl.errors import UserError
+from mutualrl.exchange.url import ExchangeURL
 from mutualrl.paths import METRICS, POLICIES_INFO, RUN_CONFIG, SUMMARY
+from mutualrl.progress import StepProgress
 from mutualrl.resolve import RunPlan, resolve
+from mutualrl.tasks.attach import attach
 from mutualrl.tracking import Tracker, open_trackers, scalars
 from mutualrl.worker_api import WorkerAPI
 
@@ -75,8 +79,6 @@ class MutualTrainer:
                  reward_funcs: Sequence[Callable[..., list[float]] | str] = (), resume: bool = False,
                  scheduler: Scheduler | None = None, progress: bool = True) -> None:
         if train_dataset is not None or eval_dataset is not None or reward_funcs:
-            from mutualrl.tasks.attach import attach
-
             config = attach(config.config if isinstance(config, RunPlan) else config, train_dataset, eval_dataset,
                             reward_funcs)
         self.plan = resolve(config)
@@ -122,7 +124,6 @@ class MutualTrainer:
         if self._created_run_dir:
             shutil.rmtree(d, ignore_errors=True)
             return
-        from mutualrl.exchange.url import ExchangeURL
 
         own_db = ExchangeURL.for_run("sqlite", d).side_files() if self.cfg.exchange == "sqlite" else []
         for p in [d / CHECKPOINTS, d / RUN_CONFIG, *own_db]:
@@ -249,8 +250,6 @@ class MutualTrainer:
         return self.summary(time.perf_counter() - t_start)
 
     def _loop(self, t_start: float) -> None:
-        from mutualrl.progress import StepProgress
-
         with StepProgress(self.cfg.steps, self.start_step, enabled=self.progress,
                           names=[p.name for p in self.cfg.policies]) as bar:
             if self.cfg.sync == "async":
@@ -296,7 +295,6 @@ class MutualTrainer:
         update. Evaluation and checkpoint steps are barriers (nobody starts one before everyone
         reached it), so checkpoints stay exact. A step is logged once every policy finished it.
         """
-        from mutualrl.algorithms.sharing import parse_strategy
 
         cfg, sch = self.cfg, self.scheduler
         names = [p.name for p in cfg.policies]

@@ -34,6 +34,7 @@ from mutualrl.checkpoint import load_policy_state, save_policy_state
 from mutualrl.config import RunConfig
 from mutualrl.denormals import denormals_flushed
 from mutualrl.devices import resolve_device
+from mutualrl.exchange import ExchangeURL, open_exchange
 from mutualrl.experience import ExperienceLimits, GroupOutcome, Rollout, VerifiedSuccess
 from mutualrl.faults import fault_point, log_acknowledged
 from mutualrl.heap import retain_freed_memory
@@ -82,8 +83,6 @@ class PolicyWorker(WorkerAPI):
 
     def __init__(self, plan: RunPlan | RunConfig, index: int, run_dir: str | Path | None = None,
                  exchange: Any | None = None) -> None:
-        from mutualrl.exchange import ExchangeURL, open_exchange
-
         plan = plan if isinstance(plan, RunPlan) else plan_of(plan)
         cfg, spec = plan.config, plan.workers[index]
         if spec.threads:

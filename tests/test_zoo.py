@@ -142,7 +142,7 @@ def _scripted_sft(monkeypatch, script, **spec_over):
 
     import torch
 
-    import mutualrl.zoo.evaluate as ev
+    import mutualrl.zoo.sft as sft_module
     from mutualrl.zoo.build import corpus
     from mutualrl.zoo.sft import sft
     from mutualrl.zoo.tokenizers import train_tokenizer
@@ -151,7 +151,7 @@ def _scripted_sft(monkeypatch, script, **spec_over):
             "sft_mixture": {"add": 0.8, "sub": 0.2}, **spec_over}
     spec = dataclasses.replace(TINY["gpt2-add"], sft_eval_every=10, sft_max_steps=10 * max(6, len(script)), **over)
     it = iter(script)
-    monkeypatch.setattr(ev, "accuracy", lambda *a, **k: dict(next(it)))
+    monkeypatch.setattr(sft_module, "accuracy", lambda *a, **k: dict(next(it)))  # where sft looks it up
     task = zoo.default_task(0, test_size=10, train_size=2000)
     tok = train_tokenizer(spec.tokenizer, corpus(task, limit=500), spec.vocab_size)
     torch.manual_seed(0)

@@ -7,11 +7,15 @@ step. Only JSON-able values cross the boundary (step numbers in, metric dicts ou
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from abc import ABC, abstractmethod
 from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mutualrl.devices import resolve_device
+from mutualrl.exchange import ExchangeURL
 from mutualrl.worker_api import WorkerMethod, remote_name
 
 if TYPE_CHECKING:
@@ -97,13 +101,9 @@ class SequentialScheduler(Scheduler):
         self.workers: list[Any] = []
 
     def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
-        import dataclasses
-
         import torch
 
         from mutualrl.allocation.planner import planned_devices
-        from mutualrl.devices import resolve_device
-        from mutualrl.exchange import ExchangeURL
         from mutualrl.worker import PolicyWorker
 
         cfg = plan.config
@@ -113,7 +113,6 @@ class SequentialScheduler(Scheduler):
         if ExchangeURL.for_run(cfg.exchange, run_dir) == ExchangeURL("memory", ""):
             # a bare memory:// store is private to whoever opens it: give this run's workers one
             # shared store, named uniquely so that no earlier run's rows are visible
-            import uuid
 
             plan = dataclasses.replace(plan, config=dataclasses.replace(cfg, exchange=f"memory://run-{uuid.uuid4().hex}"))
         for i, dev in enumerate(planned_devices(cfg)):

@@ -24,8 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from mutualrl import zoo
 from mutualrl.algorithms.sharing import parse_strategy
 from mutualrl.config import RunConfig
+from mutualrl.modelref import ModelRef
 
 PRIOR_CORE_S_PER_FLOP = 1.0e-10
 """Prior: 10 GFLOP/s per CPU core, before any measurement."""
@@ -232,7 +236,6 @@ def count_parameters(model_ref: str) -> int | None:
     and instantiated on the ``meta`` device; an unbuilt ``zoo:`` policy is sized from its spec
     (nothing is built or prepared).
     """
-    from mutualrl.modelref import ModelRef
 
     try:
         ref = ModelRef.parse(model_ref)
@@ -247,8 +250,6 @@ def count_parameters(model_ref: str) -> int | None:
 
 
 def _meta_count(build: Any) -> int:
-    import torch
-
     with torch.device("meta"):
         model = build()
     return int(sum(p.numel() for p in model.parameters()))
@@ -277,8 +278,6 @@ class _SizedTokenizer:
 
 
 def _zoo_params(name: str, seed: int) -> int | None:
-    from mutualrl import zoo
-
     spec = zoo.ZOO.get(name)
     if spec is None:
         return None

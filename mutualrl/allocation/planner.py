@@ -21,8 +21,16 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mutualrl.allocation.cost import PRIOR_CORE_S_PER_FLOP, PRIOR_GPU_S_PER_FLOP, CostModel
+import torch
+
+from mutualrl.allocation.cost import (
+    PRIOR_CORE_S_PER_FLOP,
+    PRIOR_GPU_S_PER_FLOP,
+    CostModel,
+    estimate_parameters,
+)
 from mutualrl.config import RunConfig
+from mutualrl.devices import cuda_count
 
 NICE_STEP = 1.25
 """Linux CFS: each nice level changes a thread's weight by about 1.25x."""
@@ -66,8 +74,6 @@ class Resources:
             cpus = os.cpu_count() or 1
         gpus: list[GPUDevice] = []
         try:
-            import torch
-
             if torch.cuda.is_available():
                 for i in range(torch.cuda.device_count()):
                     prop = torch.cuda.get_device_properties(i)
@@ -350,8 +356,6 @@ def plan(cfg: RunConfig, resources: Resources, costs: CostModel | None = None) -
     ``costs`` defaults to an uncalibrated :class:`CostModel` from the policies' parameter counts.
     """
     if costs is None:
-        from mutualrl.allocation.cost import estimate_parameters
-
         costs = CostModel(cfg, estimate_parameters(cfg))
     k = len(cfg.policies)
     if resources.nodes:
@@ -369,8 +373,6 @@ def plan(cfg: RunConfig, resources: Resources, costs: CostModel | None = None) -
 def plan_equal(cfg: RunConfig, resources: Resources, costs: CostModel | None = None) -> Allocation:
     """The naive allocation: every worker the same share and threads, whatever it costs."""
     if costs is None:
-        from mutualrl.allocation.cost import estimate_parameters
-
         costs = CostModel(cfg, estimate_parameters(cfg))
     k = len(cfg.policies)
     share = resources.cpus / k
@@ -438,11 +440,9 @@ def _plan_nodes(cfg: RunConfig, resources: Resources, costs: CostModel) -> list[
 
 def planned_devices(cfg: RunConfig) -> list[str | None]:
     """The device the resource plan gives each policy on this machine (None for all: no GPU here)."""
-    from mutualrl.devices import cuda_count
 
     if cuda_count() == 0:
         return [None] * len(cfg.policies)
-    from mutualrl.allocation.cost import CostModel, estimate_parameters
 
     alloc = plan(cfg, Resources.detect(), CostModel(cfg, estimate_parameters(cfg)))
     return [p.device for p in alloc.placements]

@@ -16,18 +16,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mutualrl.allocation.adaptive import AdaptivePlan
 from mutualrl.allocation.base import Scheduler, WorkerFailed
 from mutualrl.allocation.planner import Allocation, Placement, Resources
 from mutualrl.config import RunConfig
 from mutualrl.errors import UserError
+from mutualrl.exchange import open_exchange
+from mutualrl.exchange.url import ExchangeURL
 from mutualrl.resolve import RunPlan
+from mutualrl.worker import PolicyWorker
 from mutualrl.worker_api import WorkerAPI, remote_name
 
 
@@ -35,13 +41,9 @@ class RayPolicyWorker:
     """The actor body: a :class:`~mutualrl.worker.PolicyWorker` behind a JSON-text interface."""
 
     def __init__(self, plan_json: str, index: int, run_dir: str | None, gpu_fraction: float | None = None) -> None:
-        import torch
-
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         import ray
 
-        from mutualrl.resolve import RunPlan
-        from mutualrl.worker import PolicyWorker
 
         plan = RunPlan.from_dict(json.loads(plan_json))  # resolved by the controller: nothing is checked again
         if ray.get_gpu_ids():  # Ray set CUDA_VISIBLE_DEVICES to the GPU this actor's bundle reserved
@@ -182,7 +184,6 @@ class RayScheduler(Scheduler):
         """The exchange URL for the workers (see the module doc)."""
         if self.exchange_override:
             return self.exchange_override
-        from mutualrl.exchange.url import ExchangeURL
 
         ex = ExchangeURL.for_run(cfg.exchange, self.run_dir)
         if cfg.exchange != "sqlite" and ex.scheme != "memory":
@@ -193,7 +194,6 @@ class RayScheduler(Scheduler):
         db = str(ExchangeURL("memory", "").shared_by_processes(self.run_dir, self._scratch or "."))
         if len(resources.nodes) <= 1:
             return db
-        from mutualrl.exchange import open_exchange
 
         name = f"{self.run_dir.name if self.run_dir else 'run'}-{uuid.uuid4().hex[:8]}"
         url = f"ray://{name}?store={db}" if self.run_dir is not None else f"ray://{name}"
@@ -233,8 +233,6 @@ class RayScheduler(Scheduler):
         if self.plan is not None:
             self.plan.write(self.run_dir)
         if self._scratch is not None:
-            import shutil
-
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
         if self._started_ray:

@@ -22,6 +22,8 @@ import time
 import traceback
 from typing import Any
 
+from mutualrl.worker_api import remote_name
+
 
 def set_nice(level: int) -> int:
     """Set the nice level of every thread of this process (Linux); returns the level now in force."""
@@ -66,7 +68,6 @@ class _Loop:
             return set_nice(*args)
         if self.worker is None:
             raise RuntimeError(f"{method}() before __init__")
-        from mutualrl.worker_api import remote_name
 
         return getattr(self.worker, remote_name(method))(*args)
 

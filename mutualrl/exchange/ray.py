@@ -18,6 +18,8 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+import msgpack
+
 from mutualrl.errors import UserError
 from mutualrl.exchange.base import _RECORD_CLASSES, Exchange, PublishResult, Query, gc_paused
 from mutualrl.exchange.local import open_local_exchange
@@ -31,7 +33,7 @@ from mutualrl.experience import (
 )
 
 try:
-    import msgpack  # noqa: F401  (a Ray dependency; faster than JSON for numeric lists)
+    import msgpack
 
     _HAVE_MSGPACK = True
 except ImportError:  # pragma: no cover
@@ -55,7 +57,6 @@ class ExchangeActor:
     @gc_paused()
     def publish_rows(self, blob: bytes) -> dict[str, Any]:
         """Parse, validate and store a msgpack list of rows in storage form (one round trip per batch)."""
-        import msgpack
 
         n = len(blob)  # no container or string can be larger than the message itself
         try:
@@ -168,7 +169,6 @@ class RayExchange(Exchange):
                          b"".join(r.packed_arrays)])
         if not _HAVE_MSGPACK:  # pragma: no cover - msgpack ships with Ray
             return PublishResult.from_dict(self._call("publish_lines", [r.to_json() for r in records]))
-        import msgpack
 
         try:
             blob = msgpack.packb(rows, use_bin_type=True)

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from mutualrl.tasks.rewards import call_reward_function
+
 SUCCESS_THRESHOLD = 0.999
 """A completion counts as a *success* (accuracy, SGT) when its verifier score reaches this."""
 
@@ -269,7 +271,6 @@ class Task:
         plus the sum of the extra reward functions. ``prompts`` are the formatted prompts the
         policy saw; the reward functions receive them.
         """
-        from mutualrl.tasks.rewards import call_reward_function
 
         scores = [self.verify(p, c) for p, c in zip(problems, completions, strict=True)]
         if self.reward_mode == "exact":

@@ -5,6 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mutualrl.tasks.base import Problem, Source, Task
+from mutualrl.tasks.gym import GymSource
+from mutualrl.tasks.hf import DatasetSource
+from mutualrl.tasks.jsonl import FileSource
+from mutualrl.tasks.rewards import load_reward_function
 
 if TYPE_CHECKING:
     from mutualrl.config import DatasetConfig, TaskConfig
@@ -17,7 +21,6 @@ def build_task(t: TaskConfig, sources: list[Source] | None = None) -> Task:
     ``preset: zoo`` replaces only the datasets (the zoo's addition + subtraction); answer
     extraction, the reward mode and extra reward functions still apply.
     """
-    from mutualrl.tasks.rewards import load_reward_function
 
     if t.preset == "zoo":
         from mutualrl.zoo.task import zoo_sources
@@ -36,15 +39,10 @@ def build_source(d: DatasetConfig) -> Source:
     """The task source one ``task.datasets[i]`` entry describes (a ``SourceFieldError`` names the
     entry's field at fault)."""
     if d.name is not None:
-        from mutualrl.tasks.gym import GymSource
-
         return GymSource(d.name, d.alias, d.config)
     if d.path is not None:
-        from mutualrl.tasks.jsonl import FileSource
-
         return FileSource(d.path, d.alias, d.question_field, d.answer_field, d.test_fraction,
                           answer_extractor=d.answer_extractor, verifier=d.verifier)
-    from mutualrl.tasks.hf import DatasetSource
 
     return DatasetSource(d.dataset, d.alias, split=d.split, test_split=d.test_split, question_field=d.question_field,
                          answer_field=d.answer_field, answer_extractor=d.answer_extractor, verifier=d.verifier,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from typing import Any
 
@@ -17,7 +18,6 @@ def available_datasets() -> list[str]:
 
 def check_dataset(name: str, config: dict[str, Any]) -> str | None:
     """An error message if ``name``/``config`` is not a valid reasoning-gym dataset config."""
-    import dataclasses
 
     from reasoning_gym import factory
 

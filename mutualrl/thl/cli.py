@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
 from mutualrl.errors import UserError
+from mutualrl.thl.align import align_batch
+from mutualrl.thl.residual import pair_report
+from mutualrl.thl.vocabs import resolve
 
 __all__ = ["DEFAULT_TEXTS", "cmd_report", "register"]
 
@@ -21,8 +25,6 @@ DEFAULT_TEXTS: tuple[str, ...] = (
 
 
 def _tokenizer(spec: str) -> Any:
-    from mutualrl.thl.vocabs import resolve
-
     try:
         return resolve(spec)
     except (ValueError, FileNotFoundError) as exc:
@@ -40,8 +42,6 @@ def _read_texts(path: str | None) -> list[str]:
     except UnicodeDecodeError:
         raise UserError(f"--texts: {path} is not UTF-8 text") from None
     if p.suffix == ".jsonl":
-        import json
-
         texts = []
         for n, line in enumerate(raw.splitlines(), 1):
             if not line.strip():
@@ -66,8 +66,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from mutualrl.thl.align import align_batch
-    from mutualrl.thl.residual import pair_report
 
     texts = _read_texts(args.texts)
     src, tgt = _tokenizer(args.source), _tokenizer(args.target)

@@ -29,6 +29,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from mutualrl.paths import cache_root
+from mutualrl.realmodels import real_tokenizer
 
 __all__ = ["NAMES", "cache_dir", "load", "load_backend", "resolve"]
 
@@ -125,8 +126,6 @@ def load(name: str) -> Any:
     """The ``transformers`` fast tokenizer for a name in :data:`NAMES` (cached per process)."""
     _check_name(name)
     if name in ("smollm2", "gemma3"):
-        from mutualrl.realmodels import real_tokenizer
-
         return real_tokenizer(name)
     from transformers import AutoTokenizer
 

@@ -21,9 +21,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import torch
+
 from mutualrl.denormals import denormals_kept
 from mutualrl.paths import cache_root as _cache_root
+from mutualrl.progress import Progress
 from mutualrl.quiet import quiet_transformers
+from mutualrl.zoo.evaluate import evaluate
+from mutualrl.zoo.models import build_model
+from mutualrl.zoo.parallel import build_in_processes
+from mutualrl.zoo.sft import band_failure, sft
 from mutualrl.zoo.shipped import shipped_key, verified_dir
 from mutualrl.zoo.specs import DEFAULT_NAMES, ZOO, ZOO_VERSION, ZooSpec, check_names
 from mutualrl.zoo.task import PROMPT_TEMPLATE, default_task, format_prompt
@@ -103,11 +110,7 @@ def build_one(spec: ZooSpec, seed: int, task: Any, target: Path,
 
     Raises :class:`~mutualrl.zoo.sft.ZooBandError` (exit code 2 from the CLI) when SFT did not
     land in the band; nothing is written then."""
-    import torch
 
-    from mutualrl.zoo.evaluate import evaluate
-    from mutualrl.zoo.models import build_model
-    from mutualrl.zoo.sft import band_failure, sft
     from mutualrl.zoo.tokenizers import tokenizer_model_type, train_tokenizer
 
     t0 = time.perf_counter()
@@ -166,7 +169,6 @@ def build_with_progress(spec: ZooSpec, seed: int, task: Any, target: Path, *, pr
                         stream: IO[str] | None = None) -> dict[str, Any]:
     """:func:`build_one` with a progress display (a bar on a terminal, plain lines otherwise) and a
     closing line with where it landed; returns the card."""
-    from mutualrl.progress import Progress
 
     with Progress(f"zoo {spec.name}", spec.sft_max_steps, enabled=progress, every=spec.sft_eval_every * 4,
                   stream=stream) as bar:
@@ -203,7 +205,6 @@ def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str 
     ``task`` of the caller's builds that way too when ``task_section`` (the run config ``task:``
     section it was built from) is given, else here one after another, as ``jobs=1`` does.
     """
-    import torch
 
     table = ZOO if specs is None else specs
     names = list(DEFAULT_NAMES if names is None else names)
@@ -214,8 +215,6 @@ def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str 
         return dirs
     n_jobs = min(len(todo), jobs if jobs is not None else max(1, (os.cpu_count() or 1) // (threads or 1)))
     if (task is None or task_section is not None) and n_jobs > 1:
-        from mutualrl.zoo.parallel import build_in_processes
-
         for i in range(0, len(todo), n_jobs):
             build_in_processes([(table[n], dirs[n]) for n in todo[i:i + n_jobs]], seed, threads=threads or 1,
                                progress=progress, task_section=task_section)

@@ -14,7 +14,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
+from mutualrl.tasks.build import build_task
+from mutualrl.zoo.build import build_with_progress
+from mutualrl.zoo.sft import ZooBandError
 from mutualrl.zoo.specs import ZooSpec
+from mutualrl.zoo.task import default_task
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,13 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--task", default=None, help="a run config's task: section as JSON (default: the zoo task)")
     args = ap.parse_args(argv)
 
-    import torch
 
     from mutualrl.resolve import resolve_task
-    from mutualrl.tasks.build import build_task
-    from mutualrl.zoo.build import build_with_progress
-    from mutualrl.zoo.sft import ZooBandError
-    from mutualrl.zoo.task import default_task
 
     torch.set_num_threads(args.threads)
     spec = ZooSpec.from_dict(json.loads(args.spec))

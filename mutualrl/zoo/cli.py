@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
-from mutualrl.errors import UserError
+import yaml
+
+from mutualrl.errors import ConfigError, UserError
+from mutualrl.tasks.build import build_task
 from mutualrl.zoo.build import build_zoo, is_built, is_shipped, load_card, policy_dir
 from mutualrl.zoo.specs import DEFAULT_NAMES, ZOO, ZooSpec, check_names
 
@@ -25,11 +29,8 @@ start: a generalist phase until every skill reaches generalist_target (the defau
 def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec], dict[str, Any]]:
     """The task, the zoo specs and the ``task:`` section a ``zoo build --task FILE`` asks for
     (``UserError`` if invalid)."""
-    import yaml
 
-    from mutualrl.errors import ConfigError
     from mutualrl.resolve import resolve_task
-    from mutualrl.tasks.build import build_task
 
     p = Path(path)
     if not p.is_file():
@@ -87,8 +88,6 @@ def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec], dict[str, Any
 
 
 def _positive_int(text: str) -> int:
-    import argparse
-
     try:
         n = int(text)
     except ValueError:
@@ -141,7 +140,6 @@ def _cmd_list(args: Any) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``mutualrl zoo build|list`` to the CLI."""
-    import argparse
 
     p = subparsers.add_parser("zoo", help="build or list the embedded default policies (the zoo)",
                               description="The policy zoo: small heterogeneous LMs built locally (no download), "

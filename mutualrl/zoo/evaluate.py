@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
+from mutualrl.engines import HFEngine, SamplingParams
+from mutualrl.tasks import SUCCESS_THRESHOLD
 from mutualrl.zoo.task import format_prompt
 
 MAX_NEW_TOKENS = 8
@@ -15,9 +19,7 @@ def generate_answers(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_
                      temperature: float = 0.0, seed: int = 0, batch_size: int = 512) -> list[str]:
     """Complete each prompt with :class:`~mutualrl.engines.hf.HFEngine` (greedy when ``temperature``
     is 0, else plain sampling); returns the decoded completions without special tokens."""
-    import torch
 
-    from mutualrl.engines import HFEngine, SamplingParams
 
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
@@ -34,7 +36,6 @@ def generate_answers(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_
 def accuracy(model: Any, tokenizer: Any, task: Any, problems: dict[str, Sequence[Any]], *,
              temperature: float = 0.0, seed: int = 0) -> dict[str, float]:
     """Exact accuracy (verifier score >= the success threshold) per task type of ``problems``."""
-    from mutualrl.tasks import SUCCESS_THRESHOLD
 
     acc: dict[str, float] = {}
     for name, probs in problems.items():

@@ -7,8 +7,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mutualrl.errors import UserError
 from mutualrl.zoo.specs import ARCHS, ZOO, ZooSpec
+from mutualrl.zoo.task import default_task
 
 
 def build_model(spec: ZooSpec, tokenizer: Any):
@@ -54,9 +57,7 @@ def build_tiny_models(root: str | os.PathLike[str]) -> dict[str, Path]:
     dir (Llama, Unigram, 32-dim heads: a size vLLM's CPU kernels take)}`` under ``root``; a directory
     that already holds a model is reused.
     """
-    import torch
 
-    from mutualrl.zoo.task import default_task
     from mutualrl.zoo.tokenizers import train_tokenizer
 
     root = Path(root)

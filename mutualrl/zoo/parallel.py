@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from mutualrl.zoo.sft import ZooBandError
 from mutualrl.zoo.specs import ZooSpec
 
 
@@ -41,7 +42,6 @@ def build_in_processes(jobs: Sequence[tuple[ZooSpec, Path]], seed: int, *, threa
     Raises :class:`~mutualrl.zoo.sft.ZooBandError` with every failed policy's message when a build
     missed its band (the others are still built and cached), ``RuntimeError`` when a child failed
     otherwise."""
-    from mutualrl.zoo.sft import ZooBandError
 
     out = stream or sys.stderr
     procs = []

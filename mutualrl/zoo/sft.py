@@ -28,7 +28,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+
 from mutualrl.errors import UserError
+from mutualrl.zoo.evaluate import accuracy
 from mutualrl.zoo.specs import ZooSpec
 from mutualrl.zoo.task import format_prompt
 
@@ -70,7 +74,6 @@ def encode_examples(tokenizer: Any, problems: Sequence[Any]) -> list[tuple[list[
 
 def collate(examples: Sequence[tuple[list[int], int]], pad_id: int):
     """Right-padded ids, attention mask and labels (-100 outside the completion)."""
-    import torch
 
     width = max(len(ids) for ids, _ in examples)
     n = len(examples)
@@ -142,8 +145,6 @@ class _Steps:
     each batch drawn from the per-type example pools by a mixture."""
 
     def __init__(self, model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int) -> None:
-        import torch
-
         self.model, self.tokenizer, self.spec = model, tokenizer, spec
         self.pools = {k: encode_examples(tokenizer, task.train[k][: max(1, len(task.train[k]) - VAL_SIZE)])
                       for k in spec.bands}
@@ -154,8 +155,6 @@ class _Steps:
 
     def step(self, mixture: dict[str, float]) -> float:
         """One optimizer step on a batch drawn by ``mixture``; returns the loss."""
-        import torch
-        import torch.nn.functional as F
 
         spec, types = self.spec, list(mixture)
         for group in self.opt.param_groups:
@@ -187,7 +186,6 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
     loss, check)`` is called after every step (``check`` is the history entry when the step ended
     with a validation check, else None). ``spec.sft_max_steps`` caps the banded phase's steps.
     """
-    from mutualrl.zoo.evaluate import accuracy
 
     spec.check(list(task.train))
     val = {k: task.train[k][-VAL_SIZE:] for k in spec.bands}
@@ -247,7 +245,6 @@ def _generalist(steps: _Steps, task: Any, val: dict[str, Any], res: SFTResult,
     ``spec.generalist_target`` on validation (then the specialisation lets the other skills fade
     into their bands: a skill learned and partly forgotten comes back from far fewer examples than
     one never learned). Returns False, with ``res.gave_up`` set, when the phase's cap is reached."""
-    from mutualrl.zoo.evaluate import accuracy
 
     spec = steps.spec
     even = {k: 1.0 for k in sorted(spec.bands)}
@@ -278,7 +275,6 @@ def _specialise(steps: _Steps, task: Any, val: dict[str, Any], res: SFTResult,
     learning rate, checking every :data:`STEER_EVERY` steps, until every type is inside its band
     with the margin (the skills left out fade into theirs). A type that falls below its band
     cannot come back without its data: the warm start gives up then."""
-    from mutualrl.zoo.evaluate import accuracy
 
     spec = steps.spec
     mixture = {k: float(v) for k, v in spec.sft_mixture.items()}
