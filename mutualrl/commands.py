@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mutualrl.demo import run_demo
+from mutualrl.demo import DEMO_ARMS, run_demo
 from mutualrl.errors import UserError
 from mutualrl.paths import METRICS
 from mutualrl.tasks import available_datasets
@@ -44,12 +44,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("demo", help="the embedded default end to end: zoo, arms, report",
-                       description="Build (or reuse) the policy zoo, run plain GRPO and success-gated transfer "
-                       "(or the --arms given) on the same seeds and prompts, and write report.md with figures.")
+                       description="Load the shipped policy zoo, run plain GRPO and imitate (peers' verified "
+                       "successes plus the learner's own; or the --arms given) on the same seeds and prompts, and "
+                       "write report.md with figures.")
     p.add_argument("-o", "--output", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--quick", action="store_true", help="a smaller run (fewer steps and test problems)")
-    p.add_argument("--arms", default="independent,sgt",
-                   help="comma-separated strategies (default independent,sgt; also prp, xgrpo, xgrpo+sgt, ...)")
+    p.add_argument("--arms", default=",".join(DEMO_ARMS),
+                   help=f"comma-separated strategies (default {','.join(DEMO_ARMS)}; also prp, xgrpo, sgt, guide, "
+                   "self_imitate, imitate+prp, ...)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
     p.add_argument("--steps", type=int, help="override the number of steps")
     p.add_argument("--force", action="store_true", help="overwrite an existing output directory")
