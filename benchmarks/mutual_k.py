@@ -139,14 +139,15 @@ def sweep(dirs: dict[str, Path], task: dict[str, Any], args: argparse.Namespace)
     for seed in args.seeds:
         for strategy, pols, k in arms:
             key = f"{strategy}-{k}"
-            out = _runs_for(key, seed, args) or Path(args.out) / f"{key}-seed{seed}"
-            if out.parent == Path(args.out):
+            study_run = _runs_for(key, seed, args)
+            out = study_run or Path(args.out) / f"{key}-seed{seed}"
+            if study_run is not None:
+                print(f"{key} seed {seed}: the zoo study's run {out}", flush=True)
+            else:
                 cfg = run_config(dirs, pols, task, strategy, seed, args.steps)
                 t = time.perf_counter()
                 train(cfg, out, args.reuse)
                 print(f"done {key} seed {seed} ({time.perf_counter() - t:.0f}s)", flush=True)
-            else:
-                print(f"{key} seed {seed}: the zoo study's run {out}", flush=True)
             run_dirs.setdefault(key, []).append(out)
     result: dict[str, Any] = {"runs": {k: [str(d) for d in ds] for k, ds in run_dirs.items()}}
     for key, ds in run_dirs.items():

@@ -13,6 +13,7 @@ packages the importer loads anyway) is imported at the top.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mutualrl"
@@ -24,6 +25,7 @@ HEAVY = {"torch", "transformers", "safetensors", "numpy"}
 """Core dependencies that cost a second or more to import."""
 
 
+@functools.cache
 def _modules() -> dict[str, ast.Module]:
     out = {}
     for f in PACKAGE.rglob("*.py"):

@@ -113,7 +113,6 @@ class SequentialScheduler(Scheduler):
         if ExchangeURL.for_run(cfg.exchange, run_dir) == ExchangeURL("memory", ""):
             # a bare memory:// store is private to whoever opens it: give this run's workers one
             # shared store, named uniquely so that no earlier run's rows are visible
-
             plan = dataclasses.replace(plan, config=dataclasses.replace(cfg, exchange=f"memory://run-{uuid.uuid4().hex}"))
         for i, dev in enumerate(planned_devices(cfg)):
             plan = plan.placed(i, device=resolve_device(cfg.policies[i].device, cfg.device, dev))
