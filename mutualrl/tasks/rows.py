@@ -77,6 +77,7 @@ class RowSource:
         self.answer_extractor = answer_extractor
         self.test_fraction = test_fraction
         self.unreadable_gold = 0
+        self._bad_example = ""  # the first gold answer the verifier could not read, for the message
         self._problems: dict[str, list[Problem]] = {"train": [], "test": []}
         if test_rows is not None:
             self._add(rows, "train")
@@ -93,8 +94,6 @@ class RowSource:
             raise SourceFieldError("split", f"no usable training rows (of {total})")
         if test_rows is not None and not self._problems["test"]:
             raise SourceFieldError("test_split", f"no usable test rows (of {len(test_rows)})")
-
-    _bad_example = ""
 
     def _add(self, rows: Sequence[Mapping[str, Any]], split: str | None) -> None:
         seen = {p.question for probs in self._problems.values() for p in probs}
