@@ -93,8 +93,10 @@ def main() -> None:
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     running: list = []
     resumed: list[str] = []
+    reused: list[str] = []
     for arm, seed, d in jobs:
         if args.reuse and (d / "summary.json").is_file():
+            reused.append(f"{arm}-seed{seed}")
             running.append((arm, seed, d, time.perf_counter(), subprocess.Popen(["true"])))
             continue
         resume = args.reuse and d.is_dir() and latest_checkpoint(d) is not None
@@ -156,6 +158,7 @@ def main() -> None:
         else {},
         "targets": targets(summ, args.target_gap),
         "resumed_runs": resumed,  # finished from their last checkpoint after an interruption (wall_s: the last part)
+        "reused_runs": reused,  # finished before this invocation (--reuse): machine.load_avg is not theirs
         "machine": mach, "jobs": args.jobs, "quick": args.quick, "wall_s": time.perf_counter() - t0,
         "git_rev": git_rev(),
     })
