@@ -69,6 +69,15 @@ def main() -> None:
     ap.add_argument("--task-file", default=None, help="a `zoo build --task` file: train its policies on its task "
                     "instead of the shipped zoo on add + sub (benchmarks/mutual_taskmix.py)")
     args = ap.parse_args()
+    if args.set:
+        try:
+            given = json.loads(args.set)
+        except ValueError as exc:
+            given = exc
+        if not isinstance(given, dict):
+            exc = given if isinstance(given, ValueError) else "not an object"
+            ap.error(f"--set {args.set!r}: give a JSON object of config sections, e.g. "
+                     f"'{{\"sharing\": {{\"sgt_learning_rate\": 7.5e-5}}}}' ({exc})")
     if args.one:
         _run_one(args)
         return
@@ -152,7 +161,8 @@ def main() -> None:
         "policies": policies, "tasks": task, "task_file": args.task_file,
         "seeds": seeds, "steps": cfg0["steps"], "prompts_per_step": cfg0["prompts_per_step"],
         "num_generations": cfg0["grpo"]["num_generations"], "eval_size": cfg0["eval_size"], "config": cfg0,
-        "arm_overrides": {a: ARMS.get(a, {}) for a in arms}, "best_arm": BEST_ARM, "efficiency_arm": EFFICIENCY_ARM,
+        "arm_overrides": {a: ARMS.get(a, {}) for a in arms}, "set": json.loads(args.set) if args.set else None,
+        "best_arm": BEST_ARM, "efficiency_arm": EFFICIENCY_ARM,
         "arms": summ,
         "deltas_pts": {a: 100 * (summ[a]["avg_test_acc_final"]["mean"] - base) for a in summ} if base is not None
         else {},

@@ -254,3 +254,28 @@ def test_gsm8k_example_plans_on_a_tiny_stand_in(tiny_models, gsm8k_dir, tmp_path
     assert main(["plan", str(f)]) == 0
     out = capsys.readouterr().out
     assert all(p["name"] in out for p in example["policies"])
+
+
+def test_the_dataset_cache_survives_a_killed_writer(tmp_path, monkeypatch):
+    """A copy a killed writer left (a partial directory, an old temporary sibling) is replaced by a
+    complete one; a second call reuses it; no temporary directory is left behind."""
+    import os
+
+    from mutualrl.tasks import attach
+
+    monkeypatch.setenv("MUTUALRL_CACHE", str(tmp_path / "cache"))
+    ds = datasets.Dataset.from_list(_gsm8k_rows())
+    key = f"train-{ds._fingerprint}"
+    root = tmp_path / "cache" / "datasets"
+    (root / key).mkdir(parents=True)
+    (root / key / "data-00000-of-00001.arrow").write_bytes(b"half")  # no dataset_dict.json
+    stale = root / f"{key}.x1.tmp"
+    stale.mkdir()
+    os.utime(stale, (0, 0))
+    path, test = attach.saved_dataset(ds)
+    assert (path, test) == (str(root / key), None)
+    assert datasets.load_from_disk(path)["train"]["question"] == ds["question"]
+    assert sorted(p.name for p in root.iterdir()) == [key]
+    mtime = (root / key / "dataset_dict.json").stat().st_mtime_ns
+    assert attach.saved_dataset(ds)[0] == path
+    assert (root / key / "dataset_dict.json").stat().st_mtime_ns == mtime

@@ -11,7 +11,11 @@ this process and needs ``scheduler: sequential``; asking for more is refused nam
 from __future__ import annotations
 
 import copy
+import shutil
+import tempfile
+import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from mutualrl.config import RunConfig, read_config_data
@@ -21,6 +25,8 @@ from mutualrl.tasks.rewards import RewardFn, register_in_process, reward_functio
 
 DATA_OPTIONS = ("alias", "weight", "question_field", "answer_field", "answer_extractor", "verifier", "test_fraction")
 """Options of a ``task.datasets`` entry that stay meaningful for a dataset passed in Python."""
+STALE_TMP_S = 3600.0
+"""A half-written copy older than this (its writer was killed) is removed by the next writer."""
 
 
 def saved_dataset(train: Any, test: Any | None = None) -> tuple[str, str | None]:
@@ -49,11 +55,39 @@ def saved_dataset(train: Any, test: Any | None = None) -> tuple[str, str | None]
     obj = datasets.DatasetDict(parts)
     key = "-".join(f"{name}-{getattr(ds, '_fingerprint', '')}" for name, ds in sorted(obj.items()))
     d = cache_root("datasets") / key
-    if not (d / "dataset_dict.json").is_file():
-        tmp = d.with_name(d.name + ".tmp")
-        obj.save_to_disk(str(tmp))
-        tmp.rename(d)
+    _save_once(obj, d)
     return str(d), ("test" if "test" in obj else None)
+
+
+def _save_once(obj: Any, d: Path) -> None:
+    """Write ``obj`` to ``d`` with ``save_to_disk`` unless a complete copy is there.
+
+    The copy is written to a private temporary sibling and renamed into place, so a reader never
+    sees half a dataset, two processes writing the same key do not collide (the second keeps the
+    first's copy), and a copy left behind by a killed writer — a partial ``d`` without its
+    ``dataset_dict.json``, or a temporary sibling older than :data:`STALE_TMP_S` — is removed."""
+    if (d / "dataset_dict.json").is_file():
+        return
+    d.parent.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    for old in d.parent.glob(f"{d.name}.*.tmp"):
+        try:
+            if now - old.stat().st_mtime > STALE_TMP_S:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass  # another writer removed or renamed it
+    tmp = Path(tempfile.mkdtemp(prefix=f"{d.name}.", suffix=".tmp", dir=d.parent))
+    try:
+        obj.save_to_disk(str(tmp))
+        if d.exists() and not (d / "dataset_dict.json").is_file():
+            shutil.rmtree(d, ignore_errors=True)
+        try:
+            tmp.rename(d)
+        except OSError:
+            if not (d / "dataset_dict.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def attach(config: str | Mapping[str, Any] | RunConfig, train_dataset: Any | None = None,
