@@ -112,6 +112,9 @@ class DatasetConfig:
 
 @dataclass
 class TaskConfig:
+    """The ``task`` section: the datasets the policies train on, how many problems are drawn for
+    training and held out for testing (disjoint, by ``seed``), and how an answer is read and scored."""
+
     datasets: list[DatasetConfig] = field(default_factory=list)
     test_size: int = bounded(1000, ge=1)
     train_size: int = bounded(20000, ge=1)
@@ -171,6 +174,9 @@ class GenerationConfig:
 
 @dataclass
 class PolicyConfig:
+    """One entry of ``policies``: a model with its own name, prompt format, device and per-policy
+    overrides of the run's ``grpo`` options. Each policy keeps its own parameters and optimizer."""
+
     name: str = ""
     model: str = ""
     """``zoo:<name>``, ``real:<name>``, a local directory or a hub id (hub ids need network)."""
@@ -188,6 +194,9 @@ class PolicyConfig:
 
 @dataclass
 class SharingConfig:
+    """The ``sharing`` section: which strategy turns the peers' experience into training rows
+    (``docs/sharing.md``) and that strategy's options; ``independent`` shares nothing."""
+
     strategy: str = "independent"
     """``independent``, ``prp``, ``xgrpo``, ``sgt`` or a ``+`` combination (``xgrpo+sgt``)."""
     sgt_lambda: float = bounded(0.1, ge=0)
@@ -225,6 +234,9 @@ class SharingConfig:
 
 @dataclass
 class RunConfig:
+    """A whole run: its policies, task, GRPO options, sharing, schedule, exchange and trackers.
+    Built and validated by :func:`mutualrl.resolve.load_config` from YAML, JSON or a mapping."""
+
     policies: list[PolicyConfig] = field(default_factory=list)
     task: TaskConfig = field(default_factory=TaskConfig)
     grpo: GRPOOptions = field(default_factory=GRPOOptions)
@@ -277,9 +289,11 @@ class RunConfig:
         return build(GRPOOptions, merged, f"policies[{index}].grpo")
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, defaults filled in, as plain JSON-able values (reads back to an equal config)."""
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as canonical JSON (sorted keys): equal configs give equal strings."""
         return json.dumps(self.to_dict(), sort_keys=True)
 
 

@@ -379,9 +379,11 @@ class Policy:
         return [k for k, v in self.model.state_dict(keep_vars=True).items() if id(v) in trainable]
 
     def trainable_parameter_count(self) -> int:
+        """Parameters the optimizer updates (the adapter's alone under LoRA)."""
         return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
 
     def parameter_count(self) -> int:
+        """All parameters of the model, frozen ones included."""
         return sum(p.numel() for p in self.model.parameters())
 
     def close(self) -> None:

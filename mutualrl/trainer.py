@@ -202,6 +202,8 @@ class MutualTrainer:
 
     # ------------------------------------------------------------------ the loop
     def evaluate(self, step: int) -> list[dict[str, Any]]:
+        """Held-out greedy accuracy of every policy (``eval_size`` problems), logged as ``eval`` rows
+        at ``step`` and returned one row per policy."""
         res = self.scheduler.call(WorkerAPI.evaluate, self.cfg.eval_size)
         rows = [{"step": step, "policy": p.name, "event": "eval", **r} for p, r in zip(self.cfg.policies, res)]
         self._log(rows)
@@ -355,6 +357,8 @@ class MutualTrainer:
                     bar.set_eval(self.evaluate(settled))
 
     def summary(self, wall_s: float) -> dict[str, Any]:
+        """The run's outcome (written to ``summary.json`` in the run directory): wall time, steps and
+        per policy its initial, final and best held-out accuracy."""
         evals = [r for r in self.history if r.get("event") == "eval"]
         out: dict[str, Any] = {"wall_s": wall_s, "steps": self.cfg.steps, "policies": {}}
         for p in self.cfg.policies:

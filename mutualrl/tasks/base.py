@@ -200,6 +200,7 @@ class Task:
     # -- problems
     @property
     def source_names(self) -> list[str]:
+        """The names (aliases) of the task's sources, in the config's order: its skills."""
         return [s.name for s in self.sources]
 
     def problems(self, split: str = "test", n: int | None = None) -> list[Problem]:
@@ -235,6 +236,7 @@ class Task:
         return self._by_id.get(prompt_id)
 
     def known_ids(self) -> set[str]:
+        """Ids of every problem of the task, train and test: what a peer's row may refer to."""
         return set(self._by_id)
 
     def data_report(self) -> dict[str, int]:
@@ -261,6 +263,7 @@ class Task:
         return score if math.isfinite(score) else 0.0
 
     def is_success(self, score: float) -> bool:
+        """Whether a reward counts as a verified success (``score >= SUCCESS_THRESHOLD``)."""
         return score >= SUCCESS_THRESHOLD
 
     def rewards(self, problems: Sequence[Problem], prompts: Sequence[str],
