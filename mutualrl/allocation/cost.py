@@ -5,8 +5,8 @@ our sequence lengths it is small next to the weights):
 
 * rollout: ``2 * P`` per token processed with a KV cache (prompt prefill + generated tokens);
 * update: ``6 * P`` per trained token per optimizer iteration (forward + backward), plus
-  ``2 * P`` per token to recompute the old log-probs, plus ``2 * P`` for the reference model
-  when ``beta > 0``.
+  ``2 * P`` for the reference model when ``beta > 0``. The old log-probs (PPO's reference) are
+  the first iteration's own forward pass, so they cost nothing extra.
 
 FLOPs are turned into seconds by a per-policy, per-phase factor: *core-seconds per predicted
 FLOP*, starting from a generic prior and then an exponential moving average of what the workers
@@ -59,8 +59,8 @@ def rollout_flops(params: int, prompts: int, generations: int, prompt_tokens: fl
 
 def update_flops(params: int, sequences: float, tokens_per_sequence: float, num_iterations: int,
                  beta: float = 0.0) -> float:
-    """FLOPs of one GRPO update on ``sequences`` sequences (old log-probs + iterations + ref)."""
-    per_token = 2.0 + 6.0 * num_iterations + (2.0 if beta > 0 else 0.0)
+    """FLOPs of one GRPO update on ``sequences`` sequences (iterations + frozen reference)."""
+    per_token = 6.0 * num_iterations + (2.0 if beta > 0 else 0.0)
     return per_token * params * sequences * tokens_per_sequence
 
 
