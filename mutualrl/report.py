@@ -197,7 +197,8 @@ def _pm(s: dict[str, Any], scale: float = 1.0, fmt: str = ".3f") -> str:
 
 
 def own_and_weak(run: dict[str, Any], policy: str) -> tuple[str | None, str | None]:
-    """``policy``'s own skill (its best task type at the run's first evaluation) and weak skill (its worst)."""
+    """``policy``'s own skill (its best task type at the run's first evaluation) and weak skill (its
+    worst). A policy whose types all start equal has no own skill (None): it has nothing to lose."""
     first = [r for r in run["evals"] if r["policy"] == policy]
     if not first:
         return None, None
@@ -205,7 +206,8 @@ def own_and_weak(run: dict[str, Any], policy: str) -> tuple[str | None, str | No
     per = {k.split("/", 1)[1]: v for k, v in r0.items() if k.startswith("test_acc/")}
     if len(per) < 2:
         return None, None
-    return max(per, key=per.get), min(per, key=per.get)
+    own, weak = max(per, key=per.get), min(per, key=per.get)
+    return (None if per[own] == per[weak] else own), weak
 
 
 def transfer_section(summary: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
@@ -226,14 +228,15 @@ def transfer_section(summary: dict[str, Any], runs: list[dict[str, Any]]) -> lis
         s = summary[a]
         for p in runs[0]["policies"]:
             own, weak = own_and_weak(runs[0], p)
-            if own is None or weak is None:
+            if weak is None:
                 continue
             rows = s.get("rows_used_per_step", {}).get(p, {}).get("mean", 0.0)
             thl = s.get("thl_residual", {}).get(p, {})
             res = (f"{100 * thl['prp_thl_non1to1_char_frac']['mean']:.1f} % non-1:1 text, "
                    f"{100 * thl['prp_thl_noncanonical']['mean']:.1f} % non-canonical"
                    if "prp_thl_non1to1_char_frac" in thl and "prp_thl_noncanonical" in thl else "—")
-            lines.append(f"| {a} | {p} | {_skill_delta(s, base, p, weak)} | {_skill_delta(s, base, p, own)} | "
+            cost = _skill_delta(s, base, p, own) if own is not None else "— (all types equal at step 0)"
+            lines.append(f"| {a} | {p} | {_skill_delta(s, base, p, weak)} | {cost} | "
                          f"{rows:.1f} | {res} |")
     return lines
 

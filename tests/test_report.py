@@ -52,3 +52,25 @@ def test_report_numbers_per_skill_table_and_figure(tmp_path):
     assert any(ln.startswith("| sgt | a |") and "0.000 → 0.400" in ln and ln.rstrip().endswith("| 20 |")
                for ln in lines)
     assert (tmp_path / "report" / "curves.png").stat().st_size > 10_000
+
+
+def test_a_policy_whose_skills_start_equal_has_no_own_skill_to_lose(tmp_path):
+    """Gemma-3 on the real-model study starts at 1.5 % on both types: the transfer table names its
+    weak skill and no own-skill cost, instead of calling the same type both."""
+    from mutualrl.report import own_and_weak, transfer_section
+
+    runs = [_run(tmp_path, "independent", 0, {"a": {"add": 0.6, "sub": 0.0}, "b": {"add": 0.1, "sub": 0.7}}),
+            _run(tmp_path, "sgt", 0, {"a": {"add": 0.6, "sub": 0.4}, "b": {"add": 0.3, "sub": 0.7}})]
+    loaded = [load_run(d) for d in runs]
+    for run in loaded:
+        for r in run["evals"]:
+            if r["policy"] == "b" and r["step"] == 0:
+                r["test_acc/add"] = r["test_acc/sub"] = 0.25
+    assert own_and_weak(loaded[0], "a") == ("add", "sub")
+    own, weak = own_and_weak(loaded[0], "b")
+    assert own is None and weak in ("add", "sub")
+    rows = transfer_section(summarize(loaded), loaded)
+    b = next(ln for ln in rows if ln.startswith("| sgt | b |"))
+    assert "— (all types equal at step 0)" in b
+    a = next(ln for ln in rows if ln.startswith("| sgt | a |"))
+    assert "+40.0 (sub)" in a and "+0.0 (add)" in a
