@@ -3,14 +3,18 @@
 ``python -m mutualrl.zoo.child --spec JSON --seed N --target DIR [--task JSON]``: builds the policy
 into ``DIR`` exactly as an in-process build does (same code, same thread count: the same weights),
 prints its progress as plain lines on stdout, and exits 2 with the band message on stderr when the
-build misses its band.
+build misses its band. It exits by itself when its parent process is gone (killed, even with
+``kill -9``), so stopping ``zoo build`` never leaves builders running.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +26,26 @@ from mutualrl.zoo.sft import ZooBandError
 from mutualrl.zoo.specs import ZooSpec
 from mutualrl.zoo.task import default_task
 
+PARENT_CHECK_S = 1.0
+"""How often the child checks that its parent is still there."""
+ORPHANED_EXIT = 3
+"""The child's exit code when its parent went away mid-build."""
+
+
+def exit_when_orphaned(parent: int, every_s: float = PARENT_CHECK_S) -> threading.Thread:
+    """A daemon thread that ends this process (exit code :data:`ORPHANED_EXIT`) once its parent
+    ``parent`` is gone, i.e. once the process has been re-parented. Nothing half-built is renamed
+    into the cache: a build writes to a temporary directory and moves it into place at the end."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(ORPHANED_EXIT)
+
+    t = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    t.start()
+    return t
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Child entry point: build one policy into ``--target``; exit 2 when it misses its band."""
@@ -32,7 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--task", default=None, help="a run config's task: section as JSON (default: the zoo task)")
+    ap.add_argument("--parent", type=int, default=None,
+                    help="the pid of the process that started this one (default: the parent now): exit once "
+                         "it is gone, even when it died before this process got this far")
     args = ap.parse_args(argv)
+    exit_when_orphaned(args.parent if args.parent is not None else os.getppid())
 
 
     from mutualrl.resolve import resolve_task

@@ -8,12 +8,14 @@ seed and the target directory on its command line (nothing is pickled); it build
 target exactly as an in-process build does (same code, same thread count: the same weights) and
 prints its progress as plain lines on stdout, which the parent relays. A child whose build
 misses its band exits with code 2 and the band message; the parent raises that as
-:class:`~mutualrl.zoo.sft.ZooBandError` once every child has finished.
+:class:`~mutualrl.zoo.sft.ZooBandError` once every child has finished. A child whose parent is
+gone (``zoo build`` killed) stops by itself.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -47,7 +49,7 @@ def build_in_processes(jobs: Sequence[tuple[ZooSpec, Path]], seed: int, *, threa
     procs = []
     for spec, target in jobs:
         cmd = [sys.executable, "-m", "mutualrl.zoo.child", "--spec", json.dumps(spec.to_dict()),
-               "--seed", str(seed), "--target", str(target), "--threads", str(threads)]
+               "--seed", str(seed), "--target", str(target), "--threads", str(threads), "--parent", str(os.getpid())]
         if not progress:
             cmd.append("--quiet")
         if task_section is not None:

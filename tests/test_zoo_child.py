@@ -1,0 +1,62 @@
+"""A zoo builder in its own process stops when the ``zoo build`` that started it is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from mutualrl.zoo.specs import ZOO
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is alive (a zombie waiting to be reaped by whoever adopted it counts as ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_builder_whose_parent_was_killed_stops(tmp_path):
+    """The parent (a shell standing in for ``zoo build``) starts a real build and is killed with
+    SIGKILL, which it cannot handle: the builder notices it was orphaned and exits, with nothing
+    renamed into the target."""
+    spec = json.dumps(ZOO["gpt2-add"].to_dict())
+    target = tmp_path / "gpt2-add"
+    child = [sys.executable, "-m", "mutualrl.zoo.child", "--spec", spec, "--seed", "0",
+             "--target", str(target), "--quiet"]
+    script = ('import subprocess, sys, os\n'
+              f'p = subprocess.Popen({child!r} + ["--parent", str(os.getpid())])\n'
+              'print(p.pid, flush=True)\n'
+              'p.wait()\n')
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    builder = int(parent.stdout.readline())
+    time.sleep(0.5)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 60
+    status = None
+    while time.monotonic() < deadline:
+        try:
+            pid, status = os.waitpid(builder, os.WNOHANG)
+        except ChildProcessError:  # not our child (re-parented elsewhere): poll for it by pid
+            if not _running(builder):
+                status = "gone"
+                break
+        else:
+            if pid:
+                break
+        time.sleep(0.2)
+    else:
+        os.kill(builder, signal.SIGKILL)
+        raise AssertionError("the orphaned builder was still running 60 s after its parent was killed")
+    assert status is not None
+    assert not target.exists()
