@@ -274,6 +274,12 @@ def test_zoo_build_for_a_user_task_file(tmp_path, monkeypatch):
     path.write_text(yaml.safe_dump(bad))
     with pytest.raises(UserError, match="div"):
         task_specs(path)
+    # too few problems: the build's 500 validation problems would leave almost nothing to train on
+    small = dict(cfg, task=dict(cfg["task"], train_size=800))
+    path.write_text(yaml.safe_dump(small))
+    with pytest.raises(UserError, match=r"'mul' has [0-9]+ training problems.*700 in all") as info:
+        task_specs(path)
+    assert info.value.field == "task.datasets[0]"
 
 
 def test_steer_keeps_a_floor_for_many_types():

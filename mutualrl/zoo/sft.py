@@ -38,6 +38,9 @@ from mutualrl.zoo.task import format_prompt
 
 VAL_SIZE = 500
 """Training problems per type held out of SFT to measure the band (the last ones of the split)."""
+MIN_SFT_POOL = 200
+"""Fewest training problems per type left for SFT after :data:`VAL_SIZE` are held out (fewer are
+memorised, not learned: a 3-digit task of 360 training problems left one example to train on)."""
 
 
 @dataclass
