@@ -75,9 +75,9 @@ def main() -> None:
         except ValueError as exc:
             given = exc
         if not isinstance(given, dict):
-            exc = given if isinstance(given, ValueError) else "not an object"
             ap.error(f"--set {args.set!r}: give a JSON object of config sections, e.g. "
-                     f"'{{\"sharing\": {{\"sgt_learning_rate\": 7.5e-5}}}}' ({exc})")
+                     f"'{{\"sharing\": {{\"sgt_learning_rate\": 7.5e-5}}}}' "
+                     f"({given if isinstance(given, ValueError) else 'not an object'})")
     if args.one:
         _run_one(args)
         return
@@ -161,7 +161,7 @@ def main() -> None:
         "policies": policies, "tasks": task, "task_file": args.task_file,
         "seeds": seeds, "steps": cfg0["steps"], "prompts_per_step": cfg0["prompts_per_step"],
         "num_generations": cfg0["grpo"]["num_generations"], "eval_size": cfg0["eval_size"], "config": cfg0,
-        "arm_overrides": {a: ARMS.get(a, {}) for a in arms}, "set": json.loads(args.set) if args.set else None,
+        "arm_overrides": {a: ARMS.get(a, {}) for a in arms}, "set": _set_overrides(args) or None,
         "best_arm": BEST_ARM, "efficiency_arm": EFFICIENCY_ARM,
         "arms": summ,
         "deltas_pts": {a: 100 * (summ[a]["avg_test_acc_final"]["mean"] - base) for a in summ} if base is not None
@@ -217,6 +217,11 @@ def task_file_policies(path: str) -> tuple[list[str], Any]:
     return [str(dirs[n]) for n in specs], section
 
 
+def _set_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--set`` JSON object (checked in :func:`main`), or an empty one."""
+    return json.loads(args.set) if args.set else {}
+
+
 def _config(arm: str, seed: int, args: argparse.Namespace) -> dict:
     from mutualrl.demo import demo_config
 
@@ -225,7 +230,7 @@ def _config(arm: str, seed: int, args: argparse.Namespace) -> dict:
         dirs, section = task_file_policies(args.task_file)
         cfg["policies"] = [{"name": Path(d).name, "model": d} for d in dirs]
         cfg["task"] = {**section, "test_size": cfg["task"]["test_size"], "seed": 0, "reward": "exact"}
-    for overrides in (ARMS.get(arm, {}), json.loads(args.set) if args.set else {}):
+    for overrides in (ARMS.get(arm, {}), _set_overrides(args)):
         for k, v in overrides.items():
             if isinstance(v, dict):
                 cfg.setdefault(k, {}).update(v)

@@ -94,5 +94,4 @@ def _known(name: str, valid: list[str], what: str, prefix: str) -> None:
 
 def resolve_model_path(ref: str) -> str:
     """``ModelRef.parse(ref).resolve()``: a directory or hub id for ``from_pretrained``."""
-
     return ModelRef.parse(ref).resolve(progress=sys.stderr.isatty())

@@ -192,7 +192,6 @@ def resolve(source: str | Path | Mapping[str, Any] | RunConfig | RunPlan, overri
 def _read_data(cfg: RunConfig) -> None:
     """What only shows when it is read: the task's data (each source's columns, splits and gold
     answers, named by its field), hub model ids."""
-
     sources = []
     for i, d in enumerate(cfg.task.datasets if cfg.task.preset is None else []):
         try:

@@ -297,7 +297,6 @@ class MutualTrainer:
         update. Evaluation and checkpoint steps are barriers (nobody starts one before everyone
         reached it), so checkpoints stay exact. A step is logged once every policy finished it.
         """
-
         cfg, sch = self.cfg, self.scheduler
         names = [p.name for p in cfg.policies]
         k_pol, stale, steps = len(names), cfg.sharing.max_staleness, cfg.steps

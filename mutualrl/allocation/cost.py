@@ -236,7 +236,6 @@ def count_parameters(model_ref: str) -> int | None:
     and instantiated on the ``meta`` device; an unbuilt ``zoo:`` policy is sized from its spec
     (nothing is built or prepared).
     """
-
     try:
         ref = ModelRef.parse(model_ref)
         if ref.kind == "zoo":

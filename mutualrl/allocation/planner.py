@@ -440,7 +440,6 @@ def _plan_nodes(cfg: RunConfig, resources: Resources, costs: CostModel) -> list[
 
 def planned_devices(cfg: RunConfig) -> list[str | None]:
     """The device the resource plan gives each policy on this machine (None for all: no GPU here)."""
-
     if cuda_count() == 0:
         return [None] * len(cfg.policies)
 

@@ -44,7 +44,6 @@ class RayPolicyWorker:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         import ray
 
-
         plan = RunPlan.from_dict(json.loads(plan_json))  # resolved by the controller: nothing is checked again
         if ray.get_gpu_ids():  # Ray set CUDA_VISIBLE_DEVICES to the GPU this actor's bundle reserved
             plan = plan.placed(index, device="cuda:0", threads=plan.workers[index].threads)

@@ -18,8 +18,6 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-import msgpack
-
 from mutualrl.errors import UserError
 from mutualrl.exchange.base import _RECORD_CLASSES, Exchange, PublishResult, Query, gc_paused
 from mutualrl.exchange.local import open_local_exchange
@@ -33,7 +31,7 @@ from mutualrl.experience import (
 )
 
 try:
-    import msgpack
+    import msgpack  # a Ray dependency; faster than JSON for numeric lists
 
     _HAVE_MSGPACK = True
 except ImportError:  # pragma: no cover
@@ -57,7 +55,6 @@ class ExchangeActor:
     @gc_paused()
     def publish_rows(self, blob: bytes) -> dict[str, Any]:
         """Parse, validate and store a msgpack list of rows in storage form (one round trip per batch)."""
-
         n = len(blob)  # no container or string can be larger than the message itself
         try:
             rows = msgpack.unpackb(blob, raw=False, strict_map_key=True, max_str_len=n, max_bin_len=n,

@@ -274,7 +274,6 @@ class Task:
         plus the sum of the extra reward functions. ``prompts`` are the formatted prompts the
         policy saw; the reward functions receive them.
         """
-
         scores = [self.verify(p, c) for p, c in zip(problems, completions, strict=True)]
         if self.reward_mode == "exact":
             rewards = [1.0 if s >= SUCCESS_THRESHOLD else 0.0 for s in scores]

@@ -21,7 +21,6 @@ def build_task(t: TaskConfig, sources: list[Source] | None = None) -> Task:
     ``preset: zoo`` replaces only the datasets (the zoo's addition + subtraction); answer
     extraction, the reward mode and extra reward functions still apply.
     """
-
     if t.preset == "zoo":
         from mutualrl.zoo.task import zoo_sources
 

@@ -18,7 +18,6 @@ def available_datasets() -> list[str]:
 
 def check_dataset(name: str, config: dict[str, Any]) -> str | None:
     """An error message if ``name``/``config`` is not a valid reasoning-gym dataset config."""
-
     from reasoning_gym import factory
 
     if name not in factory.DATASETS:

@@ -66,7 +66,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-
     texts = _read_texts(args.texts)
     src, tgt = _tokenizer(args.source), _tokenizer(args.target)
     rep = pair_report(align_batch(texts, src, tgt))

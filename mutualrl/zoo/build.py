@@ -169,7 +169,6 @@ def build_with_progress(spec: ZooSpec, seed: int, task: Any, target: Path, *, pr
                         stream: IO[str] | None = None) -> dict[str, Any]:
     """:func:`build_one` with a progress display (a bar on a terminal, plain lines otherwise) and a
     closing line with where it landed; returns the card."""
-
     with Progress(f"zoo {spec.name}", spec.sft_max_steps, enabled=progress, every=spec.sft_eval_every * 4,
                   stream=stream) as bar:
         def tick(step: int, loss: float, check: dict[str, Any] | None) -> None:
@@ -205,7 +204,6 @@ def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str 
     ``task`` of the caller's builds that way too when ``task_section`` (the run config ``task:``
     section it was built from) is given, else here one after another, as ``jobs=1`` does.
     """
-
     table = ZOO if specs is None else specs
     names = list(DEFAULT_NAMES if names is None else names)
     check_names(names, table)

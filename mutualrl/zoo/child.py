@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from mutualrl.resolve import resolve_task
 from mutualrl.tasks.build import build_task
 from mutualrl.zoo.build import build_with_progress
 from mutualrl.zoo.sft import ZooBandError
@@ -61,10 +62,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "it is gone, even when it died before this process got this far")
     args = ap.parse_args(argv)
     exit_when_orphaned(args.parent if args.parent is not None else os.getppid())
-
-
-    from mutualrl.resolve import resolve_task
-
     torch.set_num_threads(args.threads)
     spec = ZooSpec.from_dict(json.loads(args.spec))
     task = default_task(args.seed) if args.task is None else build_task(resolve_task(json.loads(args.task)))

@@ -147,7 +147,6 @@ def _cmd_list(args: Any) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``mutualrl zoo build|list`` to the CLI."""
-
     p = subparsers.add_parser("zoo", help="build or list the embedded default policies (the zoo)",
                               description="The policy zoo: small heterogeneous LMs built locally (no download), "
                               "warm-started until each skill is inside its accuracy band, and cached.")

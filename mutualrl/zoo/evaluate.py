@@ -20,7 +20,6 @@ def generate_answers(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_
     """Complete each prompt with :class:`~mutualrl.engines.hf.HFEngine` (greedy when ``temperature``
     is 0, else plain sampling); returns the decoded completions without special tokens."""
 
-
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     engine = HFEngine(model, [eos], pad, torch.Generator().manual_seed(seed))
@@ -36,7 +35,6 @@ def generate_answers(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_
 def accuracy(model: Any, tokenizer: Any, task: Any, problems: dict[str, Sequence[Any]], *,
              temperature: float = 0.0, seed: int = 0) -> dict[str, float]:
     """Exact accuracy (verifier score >= the success threshold) per task type of ``problems``."""
-
     acc: dict[str, float] = {}
     for name, probs in problems.items():
         texts = generate_answers(model, tokenizer, [format_prompt(p.question) for p in probs],

@@ -44,7 +44,6 @@ def build_in_processes(jobs: Sequence[tuple[ZooSpec, Path]], seed: int, *, threa
     Raises :class:`~mutualrl.zoo.sft.ZooBandError` with every failed policy's message when a build
     missed its band (the others are still built and cached), ``RuntimeError`` when a child failed
     otherwise."""
-
     out = stream or sys.stderr
     procs = []
     for spec, target in jobs:

@@ -77,7 +77,6 @@ def encode_examples(tokenizer: Any, problems: Sequence[Any]) -> list[tuple[list[
 
 def collate(examples: Sequence[tuple[list[int], int]], pad_id: int):
     """Right-padded ids, attention mask and labels (-100 outside the completion)."""
-
     width = max(len(ids) for ids, _ in examples)
     n = len(examples)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -158,7 +157,6 @@ class _Steps:
 
     def step(self, mixture: dict[str, float]) -> float:
         """One optimizer step on a batch drawn by ``mixture``; returns the loss."""
-
         spec, types = self.spec, list(mixture)
         for group in self.opt.param_groups:
             group["lr"] = spec.lr * self.lr_scale * min(1.0, (self.done + 1) / max(1, spec.warmup_steps))
@@ -189,7 +187,6 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
     loss, check)`` is called after every step (``check`` is the history entry when the step ended
     with a validation check, else None). ``spec.sft_max_steps`` caps the banded phase's steps.
     """
-
     spec.check(list(task.train))
     val = {k: task.train[k][-VAL_SIZE:] for k in spec.bands}
     steps = _Steps(model, tokenizer, task, spec, seed)
@@ -248,7 +245,6 @@ def _generalist(steps: _Steps, task: Any, val: dict[str, Any], res: SFTResult,
     ``spec.generalist_target`` on validation (then the specialisation lets the other skills fade
     into their bands: a skill learned and partly forgotten comes back from far fewer examples than
     one never learned). Returns False, with ``res.gave_up`` set, when the phase's cap is reached."""
-
     spec = steps.spec
     even = {k: 1.0 for k in sorted(spec.bands)}
     for _ in range(spec.generalist_max_steps):
@@ -278,7 +274,6 @@ def _specialise(steps: _Steps, task: Any, val: dict[str, Any], res: SFTResult,
     learning rate, checking every :data:`STEER_EVERY` steps, until every type is inside its band
     with the margin (the skills left out fade into theirs). A type that falls below its band
     cannot come back without its data: the warm start gives up then."""
-
     spec = steps.spec
     mixture = {k: float(v) for k, v in spec.sft_mixture.items()}
     steps.lr_scale = SPECIALISE_LR_SCALE

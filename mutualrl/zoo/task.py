@@ -25,7 +25,6 @@ def task_section(weights: dict[str, float] | None = None, **extra: Any) -> dict[
 
 def zoo_sources() -> tuple[list[Any], list[float]]:
     """The zoo task's sources and weights: ``add`` and ``sub``, equal weights."""
-
     return ([GymSource("basic_arithmetic", "add", dict(_ARITHMETIC, operators=["+"])),
              GymSource("basic_arithmetic", "sub", dict(_ARITHMETIC, operators=["-"]))], [1.0, 1.0])
 
@@ -36,7 +35,6 @@ def default_task(seed: int = 0, test_size: int = 1000, train_size: int = 20000, 
     Two terms, no parentheses, no negated operands; equal weights, so ``test_size=1000`` gives
     500 held-out problems per type. Train and test are disjoint by question.
     """
-
     sources, weights = zoo_sources()
     return Task(sources, weights, test_size=test_size, train_size=train_size, seed=seed, reward=reward)
 
