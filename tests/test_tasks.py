@@ -133,6 +133,28 @@ def test_jsonl_source_split_and_verifier(tmp_path):
     assert task.verify(p, "1197\nbecause") == 1.0
 
 
+def test_sorted_file_gives_a_sample_not_its_first_or_last_rows(tmp_path):
+    # a file sorted by operand: the first 200 test rows and the last 500 training rows (a zoo build's
+    # validation slice) must each span the operands, not one end of them
+    rows = [{"question": f"Calculate {i} * 3.", "answer": str(3 * i)} for i in range(100, 10_000)]
+    f = tmp_path / "mul3.jsonl"
+    _write_jsonl(f, rows)
+    src = FileSource(f, test_fraction=0.2)
+
+    def operands(problems):
+        return [int(p.question.split()[1]) for p in problems]
+
+    for xs in (operands(src.generate("test", 200, seed=0)), operands(src.generate("train", 10_000, seed=0))[-500:]):
+        assert 4000 < sum(xs) / len(xs) < 6000
+        assert sum(x < 1000 for x in xs) > 0.03 * len(xs) and sum(x >= 9000 for x in xs) > 0.03 * len(xs)
+    # the order is a property of the rows, not of the file: reversing the file changes nothing
+    g = tmp_path / "mul3_reversed.jsonl"
+    _write_jsonl(g, rows[::-1])
+    rev = FileSource(g, test_fraction=0.2)
+    for split in ("train", "test"):
+        assert [p.question for p in rev.generate(split, 10_000, 0)] == [p.question for p in src.generate(split, 10_000, 0)]
+
+
 def test_jsonl_text_answers_fold_case_and_space(tmp_path):
     f = tmp_path / "words.jsonl"
     _write_jsonl(f, [{"question": "Capital of France?", "answer": "Paris"}])

@@ -57,11 +57,19 @@ def question_text(value: Any) -> str:
     raise ValueError("a question must be text or a list of chat messages with a user turn")
 
 
+def _order_key(question: str) -> bytes:
+    """Where a row sits in its split: a hash of its question, independent of the file's order."""
+    return hashlib.sha1(f"order:{question}".encode()).digest()
+
+
 class RowSource:
     """Problems from rows with a question and a gold answer, split into train and test.
 
     ``test_rows``: the test split's rows (the dataset's own test split); when None, a
     deterministic ``test_fraction`` of the rows, chosen by a hash of the question, is held out.
+    Each split is kept in an order set by another hash of the question, not the file's: files are
+    often sorted (by operand, length, source), and the first ``n`` rows of a sorted file, or its last
+    ones, are no sample of it.
     """
 
     def __init__(self, name: str, rows: Sequence[Mapping[str, Any]], *, question_field: str | None = None,
@@ -92,6 +100,8 @@ class RowSource:
                                    "answer_extractor")
         if not self._problems["train"]:
             raise SourceFieldError("split", f"no usable training rows (of {total})")
+        for probs in self._problems.values():
+            probs.sort(key=lambda p: _order_key(p.question))
         if test_rows is not None and not self._problems["test"]:
             raise SourceFieldError("test_split", f"no usable test rows (of {len(test_rows)})")
 
@@ -124,7 +134,8 @@ class RowSource:
         return int.from_bytes(h[:4], "big") / 2**32 < self.test_fraction
 
     def generate(self, split: str, n: int, seed: int) -> list[Problem]:
-        """Up to ``n`` problems of ``split``, in the data's order (``seed`` is not needed: rows are fixed)."""
+        """Up to ``n`` problems of ``split``: a sample of it whatever the file's order (rows are kept in the
+        order of a hash of the question), the same for every ``seed``."""
         return self._problems["test" if split == "test" else "train"][:n]
 
     def score(self, problem: Problem, answer: str | None) -> float:
