@@ -1,12 +1,12 @@
-"""The sharing study on a second task mix: one-digit by two-digit multiplication and three-term
-one-digit sums and differences (no two-term addition or subtraction), policies built with
-``mutualrl zoo build --task examples/zoo_taskmix.yaml``.
+"""The sharing study on a second task mix: a 3- or 4-digit number multiplied by 3, and by 4 (no
+addition or subtraction), policies built with ``mutualrl zoo build --task examples/zoo_taskmix.yaml``
+(the study builds them first if they are not in the cache: under two minutes).
 
-    python benchmarks/mutual_taskmix.py [--seeds 0,1,2] [--arms ...] [--steps N]
+    python benchmarks/mutual_taskmix.py [--seeds 0,1,2] [--arms ...] [--steps N] [--jobs 2] [--reuse]
 
 The same study as ``benchmarks/mutual.py`` (same settings, equal rollout budget, 3 seeds) on the
-task file's policies (``gpt2-mul``: GPT-2, byte-level BPE, specialised in multiplication;
-``llama-chain``: Llama, Unigram, in three-term sums; both generalists first). Writes
+task file's policies (``gpt2-x3``: GPT-2, byte-level BPE, specialised in times 3; ``llama-x4``:
+Llama, Unigram, in times 4; both generalists first). Writes
 ``benchmarks/results/mutual_taskmix.json`` and ``mutual_taskmix_report/``.
 """
 
