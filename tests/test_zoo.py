@@ -280,6 +280,15 @@ def test_zoo_build_for_a_user_task_file(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"'mul' has [0-9]+ training problems.*700 in all") as info:
         task_specs(path)
     assert info.value.field == "task.datasets[0]"
+    # the Python API refuses the same task before it trains or writes anything
+    from mutualrl.tasks.build import build_task
+    from mutualrl.resolve import resolve_task
+    from mutualrl.zoo.sft import TooFewProblems
+
+    small_task = build_task(resolve_task(small["task"]))
+    with pytest.raises(TooFewProblems, match="'mul' has") as info:
+        zoo.build_zoo(["gpt2-mul"], cache_dir=tmp_path / "cache2", progress=False, specs=specs, task=small_task)
+    assert info.value.index == 0 and not (tmp_path / "cache2").exists()
 
 
 def test_steer_keeps_a_floor_for_many_types():

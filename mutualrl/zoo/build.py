@@ -30,7 +30,7 @@ from mutualrl.quiet import quiet_transformers
 from mutualrl.zoo.evaluate import evaluate
 from mutualrl.zoo.models import build_model
 from mutualrl.zoo.parallel import build_in_processes
-from mutualrl.zoo.sft import band_failure, sft
+from mutualrl.zoo.sft import band_failure, check_task_size, sft
 from mutualrl.zoo.shipped import shipped_key, verified_dir
 from mutualrl.zoo.specs import DEFAULT_NAMES, ZOO, ZOO_VERSION, ZooSpec, check_names
 from mutualrl.zoo.task import PROMPT_TEMPLATE, default_task, format_prompt
@@ -202,7 +202,9 @@ def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str 
     (default: one per core) build at once, each in its own process
     (:mod:`mutualrl.zoo.parallel`), with the same weights as one after another in this process; a
     ``task`` of the caller's builds that way too when ``task_section`` (the run config ``task:``
-    section it was built from) is given, else here one after another, as ``jobs=1`` does.
+    section it was built from) is given, else here one after another, as ``jobs=1`` does. A
+    ``task`` type with too few training problems raises
+    :class:`~mutualrl.zoo.sft.TooFewProblems` (a ``ValueError``) before anything is built.
     """
     table = ZOO if specs is None else specs
     names = list(DEFAULT_NAMES if names is None else names)
@@ -211,6 +213,8 @@ def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str 
     todo = [n for n in names if not is_built(dirs[n])]
     if not todo:
         return dirs
+    if task is not None:
+        check_task_size(task)  # TooFewProblems (a ValueError) before anything is trained or written
     n_jobs = min(len(todo), jobs if jobs is not None else max(1, (os.cpu_count() or 1) // (threads or 1)))
     if (task is None or task_section is not None) and n_jobs > 1:
         for i in range(0, len(todo), n_jobs):

@@ -13,7 +13,7 @@ import yaml
 from mutualrl.errors import ConfigError, UserError
 from mutualrl.tasks.build import build_task
 from mutualrl.zoo.build import build_zoo, is_built, is_shipped, load_card, policy_dir
-from mutualrl.zoo.sft import MIN_SFT_POOL, VAL_SIZE
+from mutualrl.zoo.sft import TooFewProblems, check_task_size
 from mutualrl.zoo.specs import DEFAULT_NAMES, ZOO, ZooSpec, check_names
 
 TASK_FILE_HELP = """A YAML file with a run config's `task:` section and a `zoo:` section that
@@ -52,12 +52,10 @@ def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec], dict[str, Any
         task = build_task(tcfg)
     except (ValueError, OSError) as exc:
         raise UserError(f"task: {exc}") from None
-    for i, (alias, problems) in enumerate(task.train.items()):
-        if len(problems) < VAL_SIZE + MIN_SFT_POOL:
-            raise ConfigError(f"task.datasets[{i}]", f"task type {alias!r} has {len(problems)} training problems; "
-                              f"a zoo build holds {VAL_SIZE} out for validation and needs at least "
-                              f"{MIN_SFT_POOL} more to train on ({VAL_SIZE + MIN_SFT_POOL} in all): give a larger "
-                              "problem space, or a smaller test_fraction / test_size")
+    try:
+        check_task_size(task)
+    except TooFewProblems as exc:
+        raise ConfigError(f"task.datasets[{exc.index}]", str(exc)) from None
     entries = data["zoo"]
     if not isinstance(entries, list) or not entries:
         raise ConfigError("zoo", "expected a list of policies to build (name, like, sft_mixture, bands)")

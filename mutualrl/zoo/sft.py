@@ -43,6 +43,25 @@ MIN_SFT_POOL = 200
 memorised, not learned: a 3-digit task of 360 training problems left one example to train on)."""
 
 
+class TooFewProblems(ValueError):
+    """A task type has fewer training problems than a zoo build needs (:func:`check_task_size`)."""
+
+    def __init__(self, index: int, alias: str, count: int) -> None:
+        self.index, self.alias, self.count = index, alias, count
+        super().__init__(f"task type {alias!r} has {count} training problems; a zoo build holds {VAL_SIZE} out "
+                         f"for validation and needs at least {MIN_SFT_POOL} more to train on "
+                         f"({VAL_SIZE + MIN_SFT_POOL} in all): give a larger problem space, or a smaller "
+                         "test_fraction / test_size")
+
+
+def check_task_size(task: Any) -> None:
+    """Raise :class:`TooFewProblems` for the first task type with under ``VAL_SIZE + MIN_SFT_POOL``
+    training problems (its index in ``task.train``'s order, the task's datasets' order)."""
+    for i, (alias, problems) in enumerate(task.train.items()):
+        if len(problems) < VAL_SIZE + MIN_SFT_POOL:
+            raise TooFewProblems(i, alias, len(problems))
+
+
 @dataclass
 class SFTResult:
     """What a warm start did: per-step losses, the validation checks and whether it landed."""
