@@ -21,7 +21,7 @@ import mutual
 
 TASK_FILE = str(Path(__file__).resolve().parent.parent / "examples" / "zoo_taskmix.yaml")
 DEFAULTS = ["--task-file", TASK_FILE, "--name", "mutual_taskmix", "--out", "runs/bench_mutual_taskmix",
-            "--arms", "independent,prp,xgrpo,sgt,imitate", "--target-gap", "3"]
+            "--arms", "independent,sgt,self_imitate,prp,xgrpo,imitate,imitate+prp", "--target-gap", "3"]
 
 if __name__ == "__main__":
     given = sys.argv[1:]
