@@ -1,6 +1,6 @@
 """Mutual training on the embedded default: every arm on the same seeds, steps, prompts and budget.
 
-    python benchmarks/mutual.py [--quick] [--seeds 0,1,2] [--steps N] [--arms ...] [--jobs 2] [--reuse]
+    python benchmarks/mutual.py [--quick] [--seeds 0,1,2] [--steps N] [--arms ...] [--jobs 2] [--reuse] [--zoo-seed N]
 
 Every arm runs the demo's config (the two shipped zoo policies, the zoo task, 64 prompts x 8
 samples per step) with only ``sharing.strategy`` changed, so steps, prompts and the rollout budget
@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--target-gap", type=float, default=5.0, help="points the best arm must gain over independent")
     ap.add_argument("--task-file", default=None, help="a `zoo build --task` file: train its policies on its task "
                     "instead of the shipped zoo on add + sub (benchmarks/mutual_taskmix.py)")
+    ap.add_argument("--zoo-seed", type=int, default=0, help="the zoo build seed of the policies (default 0: the "
+                    "shipped ones, or the task file's seed-0 build); another seed is built first if not cached")
     args = ap.parse_args()
     if args.set:
         try:
@@ -93,9 +95,9 @@ def main() -> None:
     t0 = time.perf_counter()
     load_start = os.getloadavg()[0]
     if args.task_file:
-        policies, task = task_file_policies(args.task_file)
+        policies, task = task_file_policies(args.task_file, args.zoo_seed)
     else:
-        build_zoo(DEMO_POLICIES, seed=0, progress=False)
+        build_zoo(DEMO_POLICIES, seed=args.zoo_seed, progress=False)
         policies, task = DEMO_POLICIES, ["basic_arithmetic:add", "basic_arithmetic:sub"]
     run_dirs, wall = [], {a: [] for a in arms}
     jobs = [(arm, seed, out / f"{arm}-seed{seed}") for seed in seeds for arm in arms]  # arms alternate
@@ -122,6 +124,8 @@ def main() -> None:
             cmd += ["--set", args.set]
         if args.task_file:
             cmd += ["--task-file", args.task_file]
+        if args.zoo_seed:
+            cmd += ["--zoo-seed", str(args.zoo_seed)]
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         running.append((arm, seed, d, time.perf_counter(), subprocess.Popen(cmd, env=env)))
         while len([r for r in running if r[4].poll() is None]) >= args.jobs:
@@ -158,7 +162,7 @@ def main() -> None:
     mach = machine()
     mach["load_avg"] = {"start": load_start, "end": os.getloadavg()[0]}
     write_result(name, {
-        "policies": policies, "tasks": task, "task_file": args.task_file,
+        "policies": policies, "tasks": task, "task_file": args.task_file, "zoo_seed": args.zoo_seed,
         "seeds": seeds, "steps": cfg0["steps"], "prompts_per_step": cfg0["prompts_per_step"],
         "num_generations": cfg0["grpo"]["num_generations"], "eval_size": cfg0["eval_size"], "config": cfg0,
         "arm_overrides": {a: ARMS.get(a, {}) for a in arms}, "set": _set_overrides(args) or None,
@@ -207,13 +211,13 @@ def targets(summ: dict[str, Any], target_gap: float = 5.0) -> dict[str, Any]:
     return out
 
 
-def task_file_policies(path: str) -> tuple[list[str], Any]:
-    """The policies a ``zoo build --task`` file names (built once, cached) and its task section."""
+def task_file_policies(path: str, zoo_seed: int = 0) -> tuple[list[str], Any]:
+    """The policies a ``zoo build --task`` file names (built once per build seed, cached) and its task section."""
     from mutualrl.zoo.build import build_zoo
     from mutualrl.zoo.cli import task_specs
 
     task, specs, section = task_specs(path)
-    dirs = build_zoo(list(specs), seed=0, progress=False, specs=specs, task=task, task_section=section)
+    dirs = build_zoo(list(specs), seed=zoo_seed, progress=False, specs=specs, task=task, task_section=section)
     return [str(dirs[n]) for n in specs], section
 
 
@@ -227,8 +231,10 @@ def _config(arm: str, seed: int, args: argparse.Namespace) -> dict:
 
     cfg = demo_config(arm, seed, quick=args.quick, steps=args.steps)
     if args.task_file:
-        dirs, section = task_file_policies(args.task_file)
+        dirs, section = task_file_policies(args.task_file, args.zoo_seed)
         cfg["policies"] = [{"name": Path(d).name, "model": d} for d in dirs]
+    elif args.zoo_seed:
+        cfg["policies"] = [dict(p, model=f"{p['model']}@{args.zoo_seed}") for p in cfg["policies"]]
         cfg["task"] = {**section, "test_size": cfg["task"]["test_size"], "seed": 0, "reward": "exact"}
     for overrides in (ARMS.get(arm, {}), _set_overrides(args)):
         for k, v in overrides.items():

@@ -2,7 +2,7 @@
 addition or subtraction), policies built with ``mutualrl zoo build --task examples/zoo_taskmix.yaml``
 (the study builds them first if they are not in the cache: under two minutes).
 
-    python benchmarks/mutual_taskmix.py [--seeds 0,1,2] [--arms ...] [--steps N] [--jobs 2] [--reuse]
+    python benchmarks/mutual_taskmix.py [--seeds 0,1,2] [--arms ...] [--steps N] [--jobs 2] [--reuse] [--zoo-seed N]
 
 The same study as ``benchmarks/mutual.py`` (same settings, equal rollout budget, 3 seeds) on the
 task file's policies (``gpt2-x3``: GPT-2, byte-level BPE, specialised in times 3; ``llama-x4``:
