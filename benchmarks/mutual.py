@@ -233,9 +233,9 @@ def _config(arm: str, seed: int, args: argparse.Namespace) -> dict:
     if args.task_file:
         dirs, section = task_file_policies(args.task_file, args.zoo_seed)
         cfg["policies"] = [{"name": Path(d).name, "model": d} for d in dirs]
+        cfg["task"] = {**section, "test_size": cfg["task"]["test_size"], "seed": 0, "reward": "exact"}
     elif args.zoo_seed:
         cfg["policies"] = [dict(p, model=f"{p['model']}@{args.zoo_seed}") for p in cfg["policies"]]
-        cfg["task"] = {**section, "test_size": cfg["task"]["test_size"], "seed": 0, "reward": "exact"}
     for overrides in (ARMS.get(arm, {}), _set_overrides(args)):
         for k, v in overrides.items():
             if isinstance(v, dict):
