@@ -229,13 +229,11 @@ def _set_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _config(arm: str, seed: int, args: argparse.Namespace) -> dict:
     from mutualrl.demo import demo_config
 
-    cfg = demo_config(arm, seed, quick=args.quick, steps=args.steps)
+    cfg = demo_config(arm, seed, quick=args.quick, steps=args.steps, zoo_seed=args.zoo_seed)
     if args.task_file:
         dirs, section = task_file_policies(args.task_file, args.zoo_seed)
         cfg["policies"] = [{"name": Path(d).name, "model": d} for d in dirs]
         cfg["task"] = {**section, "test_size": cfg["task"]["test_size"], "seed": 0, "reward": "exact"}
-    elif args.zoo_seed:
-        cfg["policies"] = [dict(p, model=f"{p['model']}@{args.zoo_seed}") for p in cfg["policies"]]
     for overrides in (ARMS.get(arm, {}), _set_overrides(args)):
         for k, v in overrides.items():
             if isinstance(v, dict):

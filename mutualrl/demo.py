@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mutualrl.errors import UserError
+from mutualrl.modelref import ModelRef
 
 DEMO_POLICIES = ["gpt2-add", "llama-sub"]
 DEMO_STEPS = 200
@@ -24,15 +25,17 @@ DEMO_ARMS = ["independent", "imitate"]
 (``benchmarks/mutual.py``), on the same seed and prompts."""
 
 
-def demo_config(strategy: str, seed: int = 0, *, quick: bool = False, steps: int | None = None) -> dict[str, Any]:
-    """The embedded default run config for one arm (a plain dict, valid for ``load_config``).
+def demo_config(strategy: str, seed: int = 0, *, quick: bool = False, steps: int | None = None,
+                zoo_seed: int = 0) -> dict[str, Any]:
+    """The embedded default run config for one arm (a plain dict, valid for ``load_config``);
+    ``zoo_seed``: the zoo build seed of its policies (0: the shipped ones).
 
     The settings where GRPO reliably lifts the zoo policies (``benchmarks/grpo_sweep.py``): 64
     prompts x 8 samples per step, exact-match reward, zero-variance groups skipped, lr 1e-4; the
     rescue rows of ``sgt``/``imitate`` at weight 1 in an optimizer step of their own at lr 3e-4.
     """
     return {
-        "policies": [{"name": n, "model": f"zoo:{n}"} for n in DEMO_POLICIES],
+        "policies": [{"name": n, "model": str(ModelRef("zoo", n, zoo_seed))} for n in DEMO_POLICIES],
         "task": {"preset": "zoo", "test_size": 1000, "seed": 0, "reward": "exact"},
         "grpo": {"num_generations": 8, "learning_rate": 1e-4, "max_completion_length": 6,
                  "temperature": 1.0, "loss_type": "dr_grpo", "scale_rewards": "group", "dynamic_sampling": "skip"},
