@@ -44,6 +44,7 @@ from mutualrl.paths import RUN_CONFIG
 from mutualrl.schema import build
 from mutualrl.tasks.base import validate_extraction_mode
 from mutualrl.tasks.build import build_source, build_task
+from mutualrl.tasks.gold_check import check_gold_answers
 from mutualrl.tasks.gym import check_dataset
 from mutualrl.tasks.rewards import load_reward_function
 from mutualrl.tasks.rows import SourceFieldError
@@ -200,6 +201,7 @@ def _read_data(cfg: RunConfig) -> None:
             raise ConfigError(f"task.datasets[{i}].{exc.field}", str(exc)) from None
         except (ValueError, OSError, ImportError) as exc:
             raise ConfigError(f"task.datasets[{i}]", str(exc)) from None
+        check_gold_answers(sources[-1], cfg.task, i)  # gold answers no completion could match
     try:
         build_task(cfg.task, sources or None)
     except (ValueError, OSError) as exc:

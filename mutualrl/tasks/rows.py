@@ -23,6 +23,9 @@ QUESTION_COLUMNS = ("question", "prompt", "problem", "messages")
 ANSWER_COLUMNS = ("answer", "solution")
 MAX_UNREADABLE_GOLD = 0.10
 """The largest share of rows whose gold answer the verifier may fail to read before the source is refused."""
+GOLD_SAMPLE = 2000
+"""Rows whose raw gold text a source keeps (:attr:`RowSource.gold_texts`) for the checks made before a run
+trains (:mod:`mutualrl.tasks.gold_check`)."""
 
 
 class SourceFieldError(ValueError):
@@ -86,6 +89,9 @@ class RowSource:
         self.test_fraction = test_fraction
         self.unreadable_gold = 0
         self._bad_example = ""  # the first gold answer the verifier could not read, for the message
+        self.gold_texts: list[tuple[str, str | None]] = []
+        """(raw text of ``answer_field``, the gold ``answer_extractor`` cut out of it or None) of the
+        first :data:`GOLD_SAMPLE` rows, readable or not."""
         self._problems: dict[str, list[Problem]] = {"train": [], "test": []}
         if test_rows is not None:
             self._add(rows, "train")
@@ -94,10 +100,15 @@ class RowSource:
             self._add(rows, None)
         total = len(rows) + len(test_rows or ())
         if self.unreadable_gold > MAX_UNREADABLE_GOLD * total:
-            raise SourceFieldError("answer_field", f"the {verifier} verifier cannot read {self.unreadable_gold} of "
-                                   f"{total} gold answers of column {self.answer_field!r} (extractor "
-                                   f"{answer_extractor!r}, e.g. {self._bad_example!r}); check answer_field and "
-                                   "answer_extractor")
+            from mutualrl.tasks.gold_check import known_format_of
+
+            what = f"the {verifier} verifier cannot read {self.unreadable_gold} of {total} gold answers of column " \
+                   f"{self.answer_field!r} (extractor {answer_extractor!r}, e.g. {self._bad_example!r})"
+            fmt = known_format_of([raw for raw, _ in self.gold_texts])
+            if fmt is not None and fmt.extractor != answer_extractor:
+                raise SourceFieldError("answer_extractor", f"{what}; they look like {fmt.title}: use "
+                                       f"answer_extractor: {fmt.extractor!r}")
+            raise SourceFieldError("answer_field", f"{what}; check answer_field and answer_extractor")
         if not self._problems["train"]:
             raise SourceFieldError("split", f"no usable training rows (of {total})")
         for probs in self._problems.values():
@@ -117,6 +128,8 @@ class RowSource:
                 raise SourceFieldError("question_field", f"row {i}: {exc}") from None
             raw = str(row[self.answer_field])
             answer = extract_answer(raw, self.answer_extractor)
+            if len(self.gold_texts) < GOLD_SAMPLE:
+                self.gold_texts.append((raw, answer))
             gold = self.verifier.read_gold(answer) if answer is not None else None
             if gold is None:
                 self.unreadable_gold += 1
