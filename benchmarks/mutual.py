@@ -43,7 +43,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "guide": {},
     "imitate": {},
     "self_imitate": {},
-    "imitate+prp": {"grpo": {"num_generations": 4}, "sharing": {"prp_max_peer_per_prompt": 4}},
+    "imitate+prp": {"grpo": {"num_generations": 4}, "sharing": {"prp": {"max_per_prompt": 4}}},
 }
 """Arm (its strategy) -> config overrides on top of the demo's. ``imitate+prp`` is the efficiency arm."""
 EFFICIENCY_ARM = "imitate+prp"

@@ -185,8 +185,7 @@ def run_config(choice: dict[str, Any], arm: str, args: argparse.Namespace, seed:
     # the arm alone decides the sharing section (not the preset's default strategy), so editing the
     # preset's sharing keeps finished arms reusable; non-SGT arms take the config default λ (unused)
     base["sharing"] = {"strategy": arm}
-    if {"sgt", "imitate"} & set(arm.split("+")):
-        base["sharing"]["sgt_lambda"] = SGT_LAMBDA
+    base["sharing"].update({step: {"weight": SGT_LAMBDA} for step in ("sgt", "imitate", "self_imitate")})
     base.update(steps=args.steps, prompts_per_step=args.prompts, eval_size=args.eval_size,
                 eval_every=max(1, args.steps // (args.evals - 1)), checkpoint_every=10**6, seed=seed)
     return base

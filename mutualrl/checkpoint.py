@@ -165,7 +165,14 @@ def verify_checkpoint(ck: str | os.PathLike[str]) -> list[str]:
 # ----------------------------------------------------------------------------- one policy's state
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
-RESCUE_OPTIMIZER_FILE = "optimizer_rescue.pt"
+LEGACY_PHASE_OPTIMIZER_FILE = "optimizer_rescue.pt"
+"""Where checkpoints of earlier releases kept the one extra optimizer (SGT's / imitate's rescue step)."""
+
+
+def optimizer_file(phase: str) -> str:
+    """The file of optimizer phase ``phase``: ``optimizer.pt`` for the policy's own, else
+    ``optimizer_<phase>.pt``."""
+    return OPTIMIZER_FILE if phase == "policy" else f"optimizer_{phase}.pt"
 RNG_FILE = "rng.pt"
 STATE_FILE = "state.json"
 
@@ -236,9 +243,8 @@ def save_policy_state(directory: str | os.PathLike[str], policy: Any, extra: dic
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     save_module(policy.model, d / MODEL_FILE, policy.checkpoint_keys())
-    torch.save(policy.optimizer.state_dict(), d / OPTIMIZER_FILE)
-    if policy.rescue_optimizer is not None:
-        torch.save(policy.rescue_optimizer.state_dict(), d / RESCUE_OPTIMIZER_FILE)
+    for phase, opt in policy.optimizers.items():
+        torch.save(opt.state_dict(), d / optimizer_file(phase))
     torch.save({"generator": policy.generator.get_state(), "torch": torch.get_rng_state()}, d / RNG_FILE)
     state = {"python_random": _py_random_state(), "numpy_random": _np_random_state(), **extra}
     (d / STATE_FILE).write_text(json.dumps(state), encoding="utf-8")
@@ -250,9 +256,15 @@ def load_policy_state(directory: str | os.PathLike[str], policy: Any) -> dict[st
 
     d = Path(directory)
     load_module(policy.model, d / MODEL_FILE, policy.checkpoint_keys())
-    policy.optimizer.load_state_dict(torch.load(d / OPTIMIZER_FILE, weights_only=True))
-    if policy.rescue_optimizer is not None:
-        policy.rescue_optimizer.load_state_dict(torch.load(d / RESCUE_OPTIMIZER_FILE, weights_only=True))
+    extra = [ph for ph in policy.optimizers if ph != "policy"]
+    for phase, opt in policy.optimizers.items():
+        path = d / optimizer_file(phase)
+        if not path.is_file() and len(extra) == 1 and phase == extra[0] and (d / LEGACY_PHASE_OPTIMIZER_FILE).is_file():
+            path = d / LEGACY_PHASE_OPTIMIZER_FILE  # a checkpoint of an earlier release
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing: the checkpoint holds no state of optimizer phase {phase!r} "
+                                  "(was it written by a run with another sharing strategy?)")
+        opt.load_state_dict(torch.load(path, weights_only=True))
     rng = torch.load(d / RNG_FILE, weights_only=True)
     policy.generator.set_state(rng["generator"])
     torch.set_rng_state(rng["torch"])

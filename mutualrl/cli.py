@@ -18,6 +18,7 @@ from mutualrl.errors import UserError
 # (module, attribute) pairs; each attribute is ``register(subparsers) -> None``.
 _COMMANDS: list[tuple[str, str]] = [
     ("mutualrl.commands", "register"),
+    ("mutualrl.export", "register"),
     ("mutualrl.thl.cli", "register"),
     ("mutualrl.realmodels", "register"),
     ("mutualrl.allocation.cli", "register"),

@@ -38,9 +38,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="evaluate the last checkpoint of a run on its held-out test set")
-    p.add_argument("run_dir")
+    p = sub.add_parser("eval", help="held-out accuracy of a run's last checkpoint, or of any model on a run's task",
+                       description="mutualrl eval RUN_DIR: every policy of the run's last checkpoint on its held-out "
+                       "test problems (JSON). mutualrl eval --model DIR_OR_HUB_ID --config CFG.yaml [--policy NAME]: "
+                       "any model (a base model, an exported policy or adapter, a hub id, zoo:/real: references) on "
+                       "the same problems with the same prompts, template, answer extraction and verifier as the "
+                       "config's policy NAME in training (RUN_DIR in place of --config: the run's config).")
+    p.add_argument("run_dir", nargs="?", help="a run directory")
     p.add_argument("--size", type=int, help="number of test problems (default: the run's eval_size)")
+    p.add_argument("--model", metavar="DIR_OR_HUB_ID", help="evaluate this model instead of the run's checkpoint")
+    p.add_argument("--config", metavar="CFG", help="with --model: the run config whose task, prompts and verifier "
+                   "are used (a YAML file or a run directory)")
+    p.add_argument("--policy", metavar="NAME", help="with --model: the config's policy whose prompt template, system "
+                   "prompt and options apply (default: the exported policy, or the only one)")
+    p.add_argument("--prompt-template", help="with --model: a prompt template instead of the policy's "
+                   "('{question} Answer: ' or 'chat')")
+    p.add_argument("--system-prompt", help="with --model: a system prompt instead of the policy's")
+    p.add_argument("--device", help="with --model: cpu (default), cuda or cuda:N")
+    p.add_argument("--json", action="store_true", help="print JSON (mutualrl eval RUN_DIR always does)")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("demo", help="the embedded default end to end: zoo, arms, report",
@@ -111,6 +126,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from mutualrl.resolve import resolve_run
     from mutualrl.worker import PolicyWorker
 
+    if args.model:
+        from mutualrl.evaluate_model import cmd_eval_model
+
+        return cmd_eval_model(args)
+    if not args.run_dir or args.config:
+        raise UserError("give a RUN_DIR to evaluate its checkpoint, or --model DIR_OR_HUB_ID with --config CFG.yaml")
     run_dir = Path(args.run_dir)
     plan = resolve_run(run_dir)
     ck = latest_checkpoint(run_dir)

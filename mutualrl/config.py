@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -113,12 +114,23 @@ class DatasetConfig:
 @dataclass
 class TaskConfig:
     """The ``task`` section: the datasets the policies train on, how many problems are drawn for
-    training and held out for testing (disjoint, by ``seed``), and how an answer is read and scored."""
+    training and held out for validation and testing (disjoint, by ``seed``), the prompt stream
+    (``prompt_seed``), and how an answer is read and scored."""
 
     datasets: list[DatasetConfig] = field(default_factory=list)
     test_size: int = bounded(1000, ge=1)
     train_size: int = bounded(20000, ge=1)
+    val_size: int = bounded(0, ge=0)
+    """Problems held out of training as a validation split (disjoint from train and test; shared
+    between the sources by weight). With one, the periodic evaluations read validation and the test
+    split is read once, at the end of the run: choices (hyperparameters, which arm, early stops) are
+    made on validation, the test figure is reported as it is. 0: no validation split (the periodic
+    evaluations read test)."""
     seed: int = 0
+    """Seed of the splits: which problems are train, validation and test."""
+    prompt_seed: int | None = None
+    """Seed of the training prompt stream (which training problems each step draws); none: the
+    run's ``seed``, so runs of different seeds see different prompts on the same splits."""
     answer_extraction: str = "first_line"
     """``first_line``, ``last_number``, ``first_number``, ``boxed``, ``raw`` or ``regex:<pattern>``."""
     reward_functions: list[str] = field(default_factory=list)
@@ -195,41 +207,68 @@ class PolicyConfig:
 @dataclass
 class SharingConfig:
     """The ``sharing`` section: which strategy turns the peers' experience into training rows
-    (``docs/sharing.md``) and that strategy's options; ``independent`` shares nothing."""
+    (``docs/sharing.md``), how fresh its rows must be, and one settings block per step
+    (``sharing.<step>:``, e.g. ``imitate: {learning_rate: 3.0e-4, max_rows: 64}``), each declared by
+    its step (:func:`mutualrl.algorithms.sharing.register_strategy`) and checked by the resolver."""
 
     strategy: str = "independent"
-    """``independent``, ``prp``, ``xgrpo``, ``sgt`` or a ``+`` combination (``xgrpo+sgt``)."""
-    sgt_lambda: float = bounded(0.1, ge=0)
-    sgt_max_per_step: int = bounded(16, ge=0)
-    """Cap on rescue examples per learner per step."""
-    sgt_replay_own: bool = False
-    """Also put one of the learner's own verified successes per solved prompt into the rescue rows
-    (self-distillation next to the peer's: a supervised step on peer successes alone makes a
-    small model forget its own skill)."""
-    sgt_learning_rate: float | None = bounded(None, gt=0)
-    """Train the rescue rows in an optimizer step of their own (AdamW at this learning rate, after
-    the GRPO step): supervised rows tolerate a larger step than the policy gradient. None: they join
-    the GRPO step."""
-    prp_ratio_clip: float = bounded(1.0, gt=0)
-    """Truncation c of PRP's chunk importance ratios: weight = min(ratio, c)."""
-    prp_max_peer_per_prompt: int = bounded(4, ge=0)
-    prp_peer_weight: float = bounded(0.5, ge=0)
-    """Scale of peer samples' loss relative to own samples."""
+    """A registered step (``mutualrl strategies`` lists them: ``prp``, ``xgrpo``, ``sgt``, ``guide``,
+    ``imitate``, ``self_imitate``, ...) or a ``+`` chain of them (``xgrpo+sgt``); ``independent`` shares
+    nothing."""
     max_staleness: int = bounded(0, ge=0)
     """Peer rows older than this many versions are ignored (0 = this step's rows only)."""
-    guide_max_per_group: int = bounded(1, ge=1)
-    """``guide``: peer successes put into each guided group."""
-    guide_gate: float = bounded(0.0, ge=0, lt=1)
-    """``guide``: guide a group whose own success rate is at most this (0: only groups where every
-    own sample failed, AMPO's gate)."""
-    guide_weight: float = bounded(1.0, ge=0)
-    """``guide``: scale of a guiding peer row's loss relative to an own row's."""
-    guide_shaping_gamma: float = bounded(0.0, ge=0)
-    """``guide``: LUFFY's policy shaping ``f(p) = p / (p + gamma)`` on the guiding tokens (0: none,
-    the plain policy gradient ``A * grad log p``)."""
-    replay_steps: int = bounded(0, ge=0)
-    """``imitate``: also replay peers' verified successes for prompts the learner failed in the
-    last this many steps (the exchange keeps them; no extra rollouts)."""
+    modules: list[str] = field(default_factory=list)
+    """Modules to import before the strategy is parsed (in the controller and in every worker
+    process): where your own steps are registered (``my_package.my_steps``)."""
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The ``sharing.<step>`` blocks by step name (they sit beside ``strategy`` in YAML)."""
+
+    __open_field__: ClassVar[str] = "steps"
+    """Keys of the section that are not fields are step blocks, collected into :attr:`steps`."""
+
+
+LEGACY_SHARING: dict[str, tuple[str, tuple[str, ...]]] = {
+    "sgt_lambda": ("weight", ("sgt", "imitate", "self_imitate")),
+    "sgt_max_per_step": ("max_rows", ("sgt", "imitate")),
+    "sgt_replay_own": ("replay_own", ("sgt",)),
+    "sgt_learning_rate": ("learning_rate", ("sgt", "imitate", "self_imitate")),
+    "prp_ratio_clip": ("ratio_clip", ("prp",)),
+    "prp_max_peer_per_prompt": ("max_per_prompt", ("prp",)),
+    "prp_peer_weight": ("weight", ("prp",)),
+    "guide_max_per_group": ("max_per_group", ("guide",)),
+    "guide_gate": ("gate", ("guide",)),
+    "guide_weight": ("weight", ("guide",)),
+    "guide_shaping_gamma": ("shaping_gamma", ("guide",)),
+    "replay_steps": ("replay_steps", ("imitate",)),
+}
+"""The flat ``sharing.*`` names of earlier releases -> (the field, the steps whose block it moves to);
+they still work for this release, with a warning naming the new field."""
+
+
+def _move_legacy_sharing(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a config mapping) with the flat sharing names of earlier releases moved into the
+    step blocks they belong to, one ``FutureWarning`` naming the new fields."""
+    sharing = data.get("sharing")
+    if not isinstance(sharing, dict) or not set(sharing) & set(LEGACY_SHARING):
+        return data
+    sharing = dict(sharing)
+    moved = []
+    for old, (name, steps) in LEGACY_SHARING.items():
+        if old not in sharing:
+            continue
+        value = sharing.pop(old)
+        for step in steps:
+            block = sharing.get(step, {})
+            if not isinstance(block, dict):
+                raise ConfigError(f"sharing.{step}", f"expected a mapping of {step}'s settings, got {block!r}")
+            if name in block and block[name] != value:
+                raise ConfigError(f"sharing.{old}", f"give either sharing.{old} (deprecated) or sharing.{step}.{name}, "
+                                  "not both")
+            sharing[step] = {**block, name: value}
+        moved.append(f"sharing.{old} -> " + " / ".join(f"sharing.{st}.{name}" for st in steps))
+    warnings.warn("deprecated sharing fields (they go in the next release): " + "; ".join(moved), FutureWarning,
+                  stacklevel=3)
+    return {**data, "sharing": sharing}
 
 
 @dataclass
@@ -289,8 +328,12 @@ class RunConfig:
         return build(GRPOOptions, merged, f"policies[{index}].grpo")
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, defaults filled in, as plain JSON-able values (reads back to an equal config)."""
-        return dataclasses.asdict(self)
+        """Every field, defaults filled in, as plain JSON-able values (reads back to an equal config);
+        the sharing steps' blocks sit beside ``sharing.strategy``, as in YAML."""
+        out = dataclasses.asdict(self)
+        sharing = out["sharing"]
+        out["sharing"] = {k: v for k, v in sharing.items() if k != "steps"} | sharing["steps"]
+        return out
 
     def to_json(self) -> str:
         """:meth:`to_dict` as canonical JSON (sorted keys): equal configs give equal strings."""
@@ -379,9 +422,6 @@ def check_config(cfg: RunConfig) -> RunConfig:
                               f"must contain '{{question}}' or be 'chat', got {pol.prompt_template!r}")
         check_bounds(cfg.policy_grpo(i), f"{p}.grpo")
     check_task(cfg.task)
-    if len(cfg.policies) < 2 and cfg.sharing.strategy != "independent":
-        raise ConfigError("sharing.strategy", f"{cfg.sharing.strategy!r} shares between policies: give at least 2 "
-                          "policies or use 'independent'")
     return cfg
 
 
@@ -417,4 +457,4 @@ def parse_config(data: dict[str, Any]) -> RunConfig:
     :func:`check_config`."""
     if not isinstance(data, dict):
         raise ConfigError("<root>", f"expected a mapping of config fields, got {type(data).__name__}")
-    return check_config(build(RunConfig, _apply_aliases(data), ""))
+    return check_config(build(RunConfig, _move_legacy_sharing(_apply_aliases(data)), ""))

@@ -20,6 +20,9 @@ DEMO_POLICIES = ["gpt2-add", "llama-sub"]
 DEMO_STEPS = 200
 """Steps per arm of ``mutualrl demo`` (the study, ``benchmarks/mutual.py``, runs 300): the shared
 skills have come back by then, and two arms fit the ten minutes a first run may take."""
+SUPERVISED_STEP = {"weight": 1.0, "learning_rate": 3e-4}
+"""The supervised steps' settings (``sgt``, ``imitate``, ``self_imitate``): rows at weight 1 in an
+AdamW step of their own at lr 3e-4 (peer rows capped at 64 a step)."""
 DEMO_ARMS = ["independent", "imitate"]
 """What ``mutualrl demo`` runs by default: plain GRPO and the best sharing arm of the zoo study
 (``benchmarks/mutual.py``), on the same seed and prompts."""
@@ -39,7 +42,8 @@ def demo_config(strategy: str, seed: int = 0, *, quick: bool = False, steps: int
         "task": {"preset": "zoo", "test_size": 1000, "seed": 0, "reward": "exact"},
         "grpo": {"num_generations": 8, "learning_rate": 1e-4, "max_completion_length": 6,
                  "temperature": 1.0, "loss_type": "dr_grpo", "scale_rewards": "group", "dynamic_sampling": "skip"},
-        "sharing": {"strategy": strategy, "sgt_lambda": 1.0, "sgt_max_per_step": 64, "sgt_learning_rate": 3e-4},
+        "sharing": {"strategy": strategy, "sgt": {**SUPERVISED_STEP, "max_rows": 64},
+                    "imitate": {**SUPERVISED_STEP, "max_rows": 64}, "self_imitate": dict(SUPERVISED_STEP)},
         "steps": steps or (60 if quick else 300),
         "prompts_per_step": 64,
         "eval_every": 20 if quick else 50,

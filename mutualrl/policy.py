@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from mutualrl.algorithms.registry import POLICY_PHASE
 from mutualrl.config import GenerationConfig, GRPOOptions, PeftConfig
 from mutualrl.devices import cpu_has_native_bf16, resolve_dtype
 from mutualrl.engines.base import GenerationEngine, SamplingParams, cache_kwarg, dedupe_prompts, left_pad
@@ -163,12 +164,10 @@ class Policy:
             self.ref_model = copy.deepcopy(model).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=options.learning_rate,
-            weight_decay=options.weight_decay, betas=(options.adam_beta1, options.adam_beta2),
-            **_adamw_impl(self.device))
+        self.optimizers: dict[str, torch.optim.Optimizer] = {POLICY_PHASE: self._adamw(options.learning_rate)}
+        """One AdamW per optimizer phase: the policy's own (``policy``) and one per phase a sharing
+        step asks for (:meth:`add_optimizer`), each with its own state."""
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
-        self.rescue_optimizer: torch.optim.Optimizer | None = None
         self.logits_budget = LOGITS_BUDGET
         self.generation = generation or GenerationConfig()
         self.engine: GenerationEngine = self._make_engine()
@@ -184,14 +183,32 @@ class Policy:
                         pack_linears=block is not None and self.generation.packed_weights,
                         lean_step=self.generation.lean_decoding)
 
-    def enable_rescue_optimizer(self, lr: float) -> torch.optim.Optimizer:
-        """A second AdamW over the same trainable weights, for supervised (SGT rescue) steps."""
-        if self.rescue_optimizer is None:
-            o = self.options
-            self.rescue_optimizer = torch.optim.AdamW(
-                [p for p in self.model.parameters() if p.requires_grad], lr=lr, weight_decay=o.weight_decay,
-                betas=(o.adam_beta1, o.adam_beta2), **_adamw_impl(self.device))
-        return self.rescue_optimizer
+    def _adamw(self, lr: float) -> torch.optim.Optimizer:
+        o = self.options
+        return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=lr,
+                                 weight_decay=o.weight_decay, betas=(o.adam_beta1, o.adam_beta2),
+                                 **_adamw_impl(self.device))
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The policy's own optimizer (the GRPO step)."""
+        return self.optimizers[POLICY_PHASE]
+
+    def add_optimizer(self, phase: str, lr: float) -> torch.optim.Optimizer:
+        """A further AdamW over the same trainable weights for optimizer phase ``phase`` (a sharing
+        step's own step at ``lr``, e.g. a supervised step on rescue rows); made once, at set-up."""
+        if phase in self.optimizers:
+            raise ValueError(f"policy {self.name!r} already has an optimizer for phase {phase!r}")
+        self.optimizers[phase] = self._adamw(lr)
+        return self.optimizers[phase]
+
+    def optimizer_for(self, phase: str) -> torch.optim.Optimizer:
+        """The optimizer of ``phase`` (``KeyError`` naming the phases there are)."""
+        try:
+            return self.optimizers[phase]
+        except KeyError:
+            raise KeyError(f"policy {self.name!r} has no optimizer for phase {phase!r} (phases: "
+                           f"{', '.join(self.optimizers)}); a strategy's phases are added when its worker starts") from None
 
     def set_learning_rate(self, lr: float) -> None:
         """Use ``lr`` for the next optimizer steps (the schedule is computed by the caller)."""

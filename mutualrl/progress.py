@@ -149,7 +149,9 @@ class StepProgress(Progress):
     def set_eval(self, rows: list[dict[str, Any]]) -> None:
         """An evaluation finished; show its accuracies."""
         for r in rows:
-            self._acc[r["policy"]] = r["test_acc"]
+            acc = r.get("test_acc", r.get("val_acc"))  # the test figure when read (a run's last evaluation)
+            if acc is not None:
+                self._acc[r["policy"]] = acc
         self.info = self._policies()
         if self._rich is not None:
             self._rich.update(self._task, info=self._text())

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
+import importlib
 import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +27,12 @@ from typing import Any
 
 import yaml
 
-from mutualrl.algorithms.sharing import check_strategy_name
+from mutualrl.algorithms.registry import (
+    available_strategies,
+    check_strategy_name,
+    parse_strategy,
+    strategy_step,
+)
 from mutualrl.config import (
     GRPOOptions,
     RunConfig,
@@ -266,15 +273,50 @@ def check_outside(cfg: RunConfig, *, check_paths: bool = True) -> RunConfig:
         if missing:
             raise ConfigError("report_to", f"{name!r} needs the {missing} package: pip install {missing} (or "
                               "mutualrl[tracking])")
-    err = check_strategy_name(cfg.sharing.strategy)
-    if err:
-        raise ConfigError("sharing.strategy", err)
+    check_sharing(cfg)
     if cfg.exchange != "sqlite":
         try:
             ExchangeURL.from_str(cfg.exchange)
         except UserError as exc:
             raise ConfigError("exchange", f"{exc} (or 'sqlite': a file in the run directory)") from None
     return cfg
+
+
+def import_strategy_modules(modules: Sequence[str]) -> None:
+    """Import the modules that register a run's own sharing steps (``sharing.modules``); a module
+    that does not import is a ``ConfigError`` naming ``sharing.modules[i]``."""
+    for i, name in enumerate(modules):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - any failure to import is the config's problem
+            raise ConfigError(f"sharing.modules[{i}]", f"cannot import {name!r}: {type(exc).__name__}: {exc}") from None
+
+
+def check_sharing(cfg: RunConfig) -> None:
+    """The ``sharing`` section against the strategy registry: the chain parses, every ``sharing.<step>``
+    block belongs to a registered step and holds valid settings (bounds included), and a chain that
+    reads peers' rows has peers."""
+    sh = cfg.sharing
+    import_strategy_modules(sh.modules)
+    err = check_strategy_name(sh.strategy)
+    if err:
+        raise ConfigError("sharing.strategy", err)
+    known = available_strategies()
+    fields = [f.name for f in dataclasses.fields(sh) if f.name != "steps"]
+    for name, block in sh.steps.items():
+        step = strategy_step(name)
+        if step is None:
+            close = difflib.get_close_matches(name, known + fields, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"sharing.{name}", f"unknown field or sharing step{hint} (fields: {', '.join(fields)}; "
+                              f"steps: {', '.join(known)})")
+        if step.settings is None:
+            raise ConfigError(f"sharing.{name}", f"step {name!r} has no settings; remove the block")
+        step.settings_from(block)
+    strategy = parse_strategy(sh.strategy)
+    if len(cfg.policies) < 2 and strategy.reads:
+        raise ConfigError("sharing.strategy", f"{sh.strategy!r} reads the peers' rows: give at least 2 policies, or "
+                          "use 'independent' (or a step that needs no peer, such as 'self_imitate')")
 
 
 def _check_task_outside(t: TaskConfig, check_paths: bool) -> None:

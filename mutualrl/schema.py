@@ -2,7 +2,8 @@
 
 :func:`build` walks a dataclass's type hints: unknown fields get a "did you mean" hint, values of
 the wrong type name the expected type and show the value. Nested dataclasses, lists, optional
-and ``Literal`` fields are supported. A numeric field declares its own bounds with
+and ``Literal`` fields are supported; a dataclass naming one of its mapping fields in
+``__open_field__`` collects the keys that are not fields (mappings) into it. A numeric field declares its own bounds with
 :func:`bounded` (``field(default=..., metadata=bounds(ge=...))``), and :func:`check_bounds` checks
 a whole tree of dataclasses against them, naming the dotted path of the first value outside.
 """
@@ -157,12 +158,22 @@ def build(cls: type, data: Any, path: str = "") -> Any:
         raise ConfigError(path or "<root>", f"expected a mapping for {cls.__name__}, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
+    open_field = getattr(cls, "__open_field__", None)
+    kwargs: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
     for key, value in data.items():
         sub = f"{path}.{key}" if path else str(key)
+        if key == open_field:  # the open mapping given as itself (a config read back from to_dict's asdict)
+            extra.update(_coerce(hints[key], value, sub))
+            continue
         if key not in names:
+            if open_field is not None and isinstance(value, dict) and isinstance(key, str):
+                extra[key] = dict(value)  # a block of the open mapping; its owner checks it
+                continue
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid fields: {', '.join(names)}"
             raise ConfigError(sub, f"unknown field{hint}")
         kwargs[key] = _coerce(hints[key], value, sub)
+    if open_field is not None:
+        kwargs[open_field] = extra
     return cls(**kwargs)

@@ -203,9 +203,19 @@ class MutualTrainer:
     # ------------------------------------------------------------------ the loop
     def evaluate(self, step: int) -> list[dict[str, Any]]:
         """Held-out greedy accuracy of every policy (``eval_size`` problems), logged as ``eval`` rows
-        at ``step`` and returned one row per policy."""
-        res = self.scheduler.call(WorkerAPI.evaluate, self.cfg.eval_size)
-        rows = [{"step": step, "policy": p.name, "event": "eval", **r} for p, r in zip(self.cfg.policies, res)]
+        at ``step`` and returned one row per policy.
+
+        With a validation split (``task.val_size``) an evaluation reads validation (``val_acc``), and the
+        last one, at the end of the run, reads the test split too (``test_acc``): the test split is
+        read once per run. Without one, every evaluation reads test."""
+        cfg = self.cfg
+        splits = ["val"] if cfg.task.val_size else []
+        if not splits or step >= cfg.steps:
+            splits.append("test")
+        rows = [{"step": step, "policy": p.name, "event": "eval"} for p in cfg.policies]
+        for split in splits:
+            for row, r in zip(rows, self.scheduler.call(WorkerAPI.evaluate, cfg.eval_size, split), strict=True):
+                row.update(r)
         self._log(rows)
         return rows
 
@@ -357,14 +367,19 @@ class MutualTrainer:
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         """The run's outcome (written to ``summary.json`` in the run directory): wall time, steps and
-        per policy its initial, final and best held-out accuracy."""
+        per policy its initial, final and best held-out accuracy on each split evaluated
+        (``val_acc_*`` with a validation split, ``test_acc_*``: with a validation split the test split
+        is read once, so its initial, final and best are the same figure)."""
         evals = [r for r in self.history if r.get("event") == "eval"]
         out: dict[str, Any] = {"wall_s": wall_s, "steps": self.cfg.steps, "policies": {}}
         for p in self.cfg.policies:
-            ev = [r for r in evals if r["policy"] == p.name]
-            if ev:
-                out["policies"][p.name] = {"test_acc_initial": ev[0]["test_acc"], "test_acc_final": ev[-1]["test_acc"],
-                                           "test_acc_best": max(r["test_acc"] for r in ev)}
+            entry: dict[str, float] = {}
+            for key in ("val_acc", "test_acc"):
+                ev = [r[key] for r in evals if r["policy"] == p.name and key in r]
+                if ev:
+                    entry.update({f"{key}_initial": ev[0], f"{key}_final": ev[-1], f"{key}_best": max(ev)})
+            if entry:
+                out["policies"][p.name] = entry
         if self.run_dir is not None:
             _atomic_write(self.run_dir / SUMMARY, json.dumps(out, indent=1))
         return out

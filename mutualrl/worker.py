@@ -24,6 +24,7 @@ from mutualrl.algorithms.schedule import learning_rate_at
 from mutualrl.algorithms.sharing import (
     OwnGroup,
     PastFailure,
+    PastSuccess,
     PeerRows,
     ShareContext,
     build_batch,
@@ -42,7 +43,7 @@ from mutualrl.modeling import format_prompt, model_stop_ids, tokenizer_fingerpri
 from mutualrl.modelref import resolve_model_path
 from mutualrl.policy import Policy
 from mutualrl.quiet import silence_transformers
-from mutualrl.resolve import RunPlan, plan_of
+from mutualrl.resolve import RunPlan, import_strategy_modules, plan_of
 from mutualrl.tasks.base import Problem
 from mutualrl.tasks.build import build_task, eval_problems
 from mutualrl.thl.peer import PeerTrace, peer_trace, represents
@@ -98,13 +99,17 @@ class PolicyWorker(WorkerAPI):
         self.options = spec.options
         seed = cfg.seed * 1009 + index
         torch.manual_seed(seed)
-        self.task = build_task(cfg.task)
+        self.task = build_task(cfg.task, run_seed=cfg.seed)
         self.device = spec.device or resolve_device(self.pcfg.device, cfg.device)
         self.policy = Policy(self.name, resolve_model_path(self.pcfg.model), self.options,
                              prompt_template=self.pcfg.prompt_template, system_prompt=self.pcfg.system_prompt,
                              seed=seed, device=self.device, peft=self.pcfg.peft, generation=self.pcfg.generation)
-        if cfg.sharing.sgt_learning_rate is not None:
-            self.policy.enable_rescue_optimizer(cfg.sharing.sgt_learning_rate)
+        import_strategy_modules(cfg.sharing.modules)
+        self.strategy = parse_strategy(cfg.sharing.strategy)
+        self.settings = self.strategy.settings(cfg.sharing)
+        """Every step's settings (its ``sharing.<step>`` block), by step name."""
+        for phase, lr in self.strategy.optimizer_phases(self.settings).items():
+            self.policy.add_optimizer(phase, lr)
         self.peers = self._load_peers()
         vocab = {self.policy.tokenizer_id: len(self.policy.tokenizer)}
         vocab.update({p.tokenizer_id: len(p.tokenizer) for p in self.peers.values()})
@@ -113,7 +118,6 @@ class PolicyWorker(WorkerAPI):
         self.exchange = exchange if exchange is not None else open_exchange(str(ExchangeURL.for_run(cfg.exchange, self.run_dir)),
                                                                            limits=self.limits)
         self._groups: dict[int, list[OwnGroup]] = {}
-        self.strategy = parse_strategy(cfg.sharing.strategy)
         self.peer_names = frozenset(p.name for i, p in enumerate(cfg.policies) if i != index)
 
     # ------------------------------------------------------------------ setup helpers
@@ -144,7 +148,7 @@ class PolicyWorker(WorkerAPI):
 
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> tuple[list[float], list[float]]:
         """(rewards, verifier scores) of completions, one per problem: the one scoring path of own
-        samples, re-scored peer samples and rescue candidates (reward functions see the prompt as
+        samples, re-scored peer samples and peer successes (reward functions see the prompt as
         this policy formats it)."""
         return self.task.rewards(problems, [self.policy.format_prompt(p.question) for p in problems],
                                  completions)
@@ -246,23 +250,29 @@ class PolicyWorker(WorkerAPI):
             return None
         return ids + [self.policy.tokenizer.eos_token_id]
 
-    def _history(self, step: int) -> list[PastFailure]:
-        """Prompts of the last ``sharing.replay_steps`` steps on which this policy's whole group
-        failed and a peer published a verified success, newest first (read from the exchange)."""
-        window = self.cfg.sharing.replay_steps
+    def _history(self, step: int) -> tuple[list[PastFailure], list[PastSuccess]]:
+        """Prompts of the last ``replay_steps`` steps (as the strategy's settings declare), read back
+        from the exchange, newest first: those on which this policy's whole group failed and a peer
+        published a verified success, and those it solved, with one of its own verified successes."""
+        window = self.strategy.replay_steps(self.settings)
         first = max(0, step - window)
         past = [(s, p) for s in range(step - 1, first - 1, -1) for p in self.problems(s)]
         if not past:
-            return []
+            return [], []
         rows = self.exchange.query(list(dict.fromkeys(p.id for _, p in past)), kinds=["verified_success"],
                                    min_version=first)
-        own = {(r.prompt_id, r.version) for r in rows if r.source_policy == self.name}
+        own: dict[tuple[str, int], VerifiedSuccess] = {}
         peer: dict[str, list[VerifiedSuccess]] = {}
         for r in rows:
-            if r.source_policy in self.peer_names and r.version < step:
+            if r.source_policy == self.name:
+                own.setdefault((r.prompt_id, r.version), r)
+            elif r.source_policy in self.peer_names and r.version < step:
                 peer.setdefault(r.prompt_id, []).append(r)
-        return [PastFailure(p, self.policy.encode_prompt(p.question), peer[p.id], s) for s, p in past
-                if (p.id, s) not in own and p.id in peer]
+        failures = [PastFailure(p, self.policy.encode_prompt(p.question), peer[p.id], s) for s, p in past
+                    if (p.id, s) not in own and p.id in peer]
+        solved = [PastSuccess(p, self.policy.encode_prompt(p.question), own[(p.id, s)].completion, s)
+                  for s, p in past if (p.id, s) in own]
+        return failures, solved
 
     @_numerics
     def update(self, step: int) -> dict[str, float]:
@@ -283,19 +293,17 @@ class PolicyWorker(WorkerAPI):
             trusted = [r for r in rows if r.version <= step and r.source_policy in self.peer_names]
             untrusted_rows = sum(r.source_policy not in self.peer_names for r in rows)
             peers = PeerRows.from_records(trusted)
-        history = self._history(step) if self.strategy.replays else []
-        ctx = ShareContext(groups, peers, self.options, self.cfg.sharing, self.score,
-                           self._encode_peer_text, self._align_peer, history)
+        history, own_history = self._history(step) if self.strategy.replay_steps(self.settings) else ([], [])
+        ctx = ShareContext(groups, peers, self.options, self.score, self._encode_peer_text, self._align_peer,
+                           history, own_history)
         t1 = time.perf_counter()
-        batch = build_batch(self.strategy, ctx)
+        batch = build_batch(self.strategy, ctx, self.settings)
         t_share = time.perf_counter() - t1
         t2 = time.perf_counter()
         fault_point("update")
         gen = self.pcfg.generation
-        stats = train_on_batch(self.policy, batch, prp_ratio_clip=self.cfg.sharing.prp_ratio_clip,
-                               rescue_lr=self.cfg.sharing.sgt_learning_rate,
-                               is_cap=gen.importance_sampling_cap if gen.importance_sampling_correction else None,
-                               shaping_gamma=self.cfg.sharing.guide_shaping_gamma)
+        stats = train_on_batch(self.policy, batch,
+                               is_cap=gen.importance_sampling_cap if gen.importance_sampling_correction else None)
         t_sync = self.policy.sync_engine()
         m = dict(batch.metrics)
         m.update(stats)
@@ -309,18 +317,19 @@ class PolicyWorker(WorkerAPI):
         return m
 
     @_numerics
-    def evaluate(self, n: int | None = None) -> dict[str, float]:
-        """Greedy accuracy on the held-out test problems (the same for every policy)."""
-        probs = eval_problems(self.task, n or self.cfg.eval_size)
+    def evaluate(self, n: int | None = None, split: str = "test") -> dict[str, float]:
+        """Greedy accuracy on held-out problems of ``split`` (``test`` or ``val``; the same problems for
+        every policy): ``<split>_acc`` and ``<split>_acc/<type>``."""
+        probs = eval_problems(self.task, n or self.cfg.eval_size, split)
         out: dict[str, float] = {}
         samples = self.policy.generate([p.question for p in probs], greedy=True,
                                        batch_size=self.cfg.eval_batch_size)
         ok = [self.task.is_success(self.task.verify(p, s.text)) for p, s in zip(probs, samples, strict=True)]
-        out["test_acc"] = float(np.mean(ok))
+        out[f"{split}_acc"] = float(np.mean(ok))
         for src in self.task.source_names:
             sel = [o for p, o in zip(probs, ok, strict=True) if p.source == src]
             if sel:
-                out[f"test_acc/{src}"] = float(np.mean(sel))
+                out[f"{split}_acc/{src}"] = float(np.mean(sel))
         return out
 
     # ------------------------------------------------------------------ checkpoints

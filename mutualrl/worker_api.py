@@ -25,8 +25,9 @@ class WorkerAPI(Protocol):
         """Read the peers' rows, build the strategy's batch and train on it; the metrics."""
         ...
 
-    def evaluate(self, n: int | None = None) -> dict[str, float]:
-        """Greedy accuracy on the held-out problems (``n`` of them, default the run's ``eval_size``)."""
+    def evaluate(self, n: int | None = None, split: str = "test") -> dict[str, float]:
+        """Greedy accuracy on held-out problems of ``split`` (``test`` or ``val``; ``n`` of them, default
+        the run's ``eval_size``)."""
         ...
 
     def save(self, directory: str) -> None:

@@ -61,9 +61,12 @@ BAD_CASES = [
     ("task.answer_extraction", "lastnumber", "task.answer_extraction", ["last_number"]),
     ("exchange", "redis://x", "exchange", ["sqlite"]),
     # each field is named exactly, with the bad value
-    ("sharing.sgt_lambda", -1.0, "sharing.sgt_lambda", [">= 0", "-1.0"]),
-    ("sharing.prp_peer_weight", -0.5, "sharing.prp_peer_weight", [">= 0", "-0.5"]),
-    ("sharing.prp_ratio_clip", 0.0, "sharing.prp_ratio_clip", ["> 0", "0.0"]),
+    ("sharing.sgt.weight", -1.0, "sharing.sgt.weight", [">= 0", "-1.0"]),
+    ("sharing.prp.weight", -0.5, "sharing.prp.weight", [">= 0", "-0.5"]),
+    ("sharing.prp.ratio_clip", 0.0, "sharing.prp.ratio_clip", ["> 0", "0.0"]),
+    ("sharing.imitate.max_rowz", 3, "sharing.imitate.max_rowz", ["did you mean 'max_rows'"]),
+    ("sharing.imitat", {"max_rows": 3}, "sharing.imitat", ["did you mean 'imitate'"]),
+    ("sharing.xgrpo", {"x": 1}, "sharing.xgrpo", ["no settings"]),
     ("task.train_size", 0, "task.train_size", [">= 1", "0"]),
     ("task.test_size", -3, "task.test_size", [">= 1", "-3"]),
     ("grpo.warmup_ratio", 1.5, "grpo.warmup_ratio", ["[0, 1)", "1.5"]),
@@ -152,7 +155,7 @@ def test_sharing_needs_two_policies(good):
 def test_good_config_builds_dataclasses(good):
     good["grpo"]["epsilon_high"] = 0.28
     good["policies"][1]["grpo"] = {"temperature": 0.7}
-    good["sharing"] = {"strategy": "xgrpo+sgt", "sgt_lambda": 0.2}
+    good["sharing"] = {"strategy": "xgrpo+sgt", "sgt": {"weight": 0.2}}
     cfg = load_config(good)
     assert isinstance(cfg, RunConfig)
     assert cfg.steps == 3 and cfg.grpo.num_generations == 4
@@ -160,7 +163,7 @@ def test_good_config_builds_dataclasses(good):
     assert cfg.policy_grpo(0).temperature == 1.0
     b = cfg.policy_grpo(1)
     assert isinstance(b, GRPOOptions) and b.temperature == 0.7 and b.num_generations == 4
-    assert cfg.sharing.strategy == "xgrpo+sgt" and cfg.sharing.sgt_lambda == 0.2
+    assert cfg.sharing.strategy == "xgrpo+sgt" and cfg.sharing.steps == {"sgt": {"weight": 0.2}}
     # YAML file round trip
     assert load_config(yaml.safe_load(yaml.safe_dump(cfg.to_dict()))) == cfg
 

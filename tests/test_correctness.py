@@ -3,6 +3,7 @@ weights over passes, async sharing, XGRPO's rewards, unrepresentable text (one t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -10,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from mutualrl.algorithms import update as update_mod
 from mutualrl.algorithms.sharing import (
     OwnGroup,
     PeerRows,
@@ -18,9 +18,11 @@ from mutualrl.algorithms.sharing import (
     TrainBatch,
     TrainRow,
     build_batch,
+    parse_strategy,
 )
+from mutualrl.algorithms.strategies import prp as prp_mod
 from mutualrl.algorithms.update import train_on_batch
-from mutualrl.config import GRPOOptions, SharingConfig
+from mutualrl.config import GRPOOptions
 from mutualrl.experience import Rollout, VerifiedSuccess
 from mutualrl.thl.peer import peer_trace
 from mutualrl.thl.retokenize import encode_completion
@@ -204,8 +206,7 @@ def test_prp_and_sgt_take_rows_from_every_peer_and_newest_first(task):
                 records.append(Rollout(p.id, p.question, p.answer, src, "tok", [1, 2], [-0.3, -0.3], 1.0, 5, idx))
             records.append(VerifiedSuccess(p.id, p.answer, src, "v", 1.0, 5))
     ctx = ShareContext([_group(p, [0.0] * 4) for p in probs], PeerRows.from_records(records),
-                       GRPOOptions(dynamic_sampling="off"), SharingConfig(prp_max_peer_per_prompt=3),
-                       _scorer(task), lambda ids, t: [ord(c) for c in t], _align)
+                       GRPOOptions(dynamic_sampling="off"), _scorer(task), lambda ids, t: [ord(c) for c in t], _align)
     used = {s: 0 for s in ("peer_a", "peer_b", "peer_c")}
     for p in probs:
         for r in ctx.peers.rollouts[p.id][:3]:
@@ -213,7 +214,7 @@ def test_prp_and_sgt_take_rows_from_every_peer_and_newest_first(task):
     assert all(n == 8 for n in used.values())  # a cap of 3 per prompt takes one row of each peer
     firsts = {ctx.peers.successes[p.id][0].source_policy for p in probs}
     assert len(firsts) > 1  # SGT's first success rotates over the peers from prompt to prompt
-    batch = build_batch("prp", ctx)
+    batch = build_batch("prp", ctx, {"prp": {"max_per_prompt": 3}})
     assert batch.metrics["prp_peer_samples"] == 24
     # staleness: a fresher row of the same peer comes before an older one
     old = Rollout(probs[0].id, "q", "1", "peer_a", "tok", [1], [-0.3], 0.0, 1, 0)
@@ -231,14 +232,15 @@ def test_prp_importance_weights_are_recomputed_on_every_pass(tiny_models, monkey
     peer_ids = pol.encode_completion(None, "3")
     rows = [TrainRow(prompt, peer_ids, 1.0, None, "peer", [(0, len(peer_ids), -2.0)], 1.0)]
     seen: list[torch.Tensor] = []
-    real = update_mod.chunk_weights
+    real = prp_mod.chunk_weights
 
-    def spy(rows, cur, width, clip):
+    def spy(rows, cur, width, settings):
         seen.append(cur.clone())
-        return real(rows, cur, width, clip)
+        return real(rows, cur, width, settings)
 
-    monkeypatch.setattr(update_mod, "chunk_weights", spy)
-    train_on_batch(pol, TrainBatch(rows), prp_ratio_clip=10.0)
+    kinds = parse_strategy("prp").kinds({"prp": {"ratio_clip": 10.0}})
+    kinds["peer"] = dataclasses.replace(kinds["peer"], kind=dataclasses.replace(kinds["peer"].kind, weights=spy))
+    train_on_batch(pol, TrainBatch(rows, kinds=kinds))
     assert len(seen) == 3
     assert not torch.allclose(seen[0], seen[2])  # the policy moved; the weights follow it
 
@@ -266,8 +268,8 @@ def test_xgrpo_pools_rewards_rescored_by_the_learners_verifier(task):
     records = [Rollout(p.id, p.question, wrong, "peer", "tok", [1], [-0.3], 1.0, 0, 0),
                Rollout(p.id, p.question, p.answer, "peer", "tok", [1], [-0.3], 0.0, 0, 1)]
     ctx = ShareContext([_group(p, [1.0, 0.0, 0.0, 0.0])], PeerRows.from_records(records),
-                       GRPOOptions(dynamic_sampling="off", scale_rewards="none"), SharingConfig(),
-                       _scorer(task), lambda ids, t: [1], _align)
+                       GRPOOptions(dynamic_sampling="off", scale_rewards="none"), _scorer(task), lambda ids, t: [1],
+                       _align)
     batch = build_batch("xgrpo", ctx)
     pooled_mean = (1.0 + 0.0 + 0.0 + 0.0 + 0.0 + 1.0) / 6  # the verifier's view of the peer's texts
     assert batch.rows[0].advantage == pytest.approx(1.0 - pooled_mean)
@@ -284,9 +286,8 @@ def test_text_the_learner_cannot_write_is_refused(tiny_models, task):
     p = task.problems("train")[0]
     ctx = ShareContext([_group(p, [0.0] * 4)], PeerRows.from_records([VerifiedSuccess(p.id, p.answer, "peer", "v",
                                                                                       1.0, 0)]),
-                       GRPOOptions(dynamic_sampling="off"), SharingConfig(), _scorer(task),
-                       lambda ids, t: None, _align)
+                       GRPOOptions(dynamic_sampling="off"), _scorer(task), lambda ids, t: None, _align)
     for strategy, key in (("sgt", "sgt_unrepresentable"), ("guide", "guide_unrepresentable"),
-                          ("imitate", "sgt_unrepresentable")):
+                          ("imitate", "imitate_unrepresentable")):
         batch = build_batch(strategy, ctx)
         assert batch.metrics[key] == 1 and not [r for r in batch.rows if r.kind != "own"]

@@ -151,7 +151,7 @@ def test_hostile_peer_rows_rejected_or_neutralised(tiny_models: dict[str, Path])
     from transformers import AutoTokenizer
 
     from mutualrl.algorithms.sharing import OwnGroup, PeerRows, ShareContext, build_batch
-    from mutualrl.config import GRPOOptions, SharingConfig
+    from mutualrl.config import GRPOOptions
     from mutualrl.exchange import open_exchange
     from mutualrl.experience import ExperienceLimits
     from mutualrl.modeling import tokenizer_fingerprint
@@ -192,7 +192,6 @@ def test_hostile_peer_rows_rejected_or_neutralised(tiny_models: dict[str, Path])
         prob = by_prompt[r.prompt_id]
         g = OwnGroup(prob, [1], [[1], [1]], [[-1.0], [-1.0]], [0.0, 0.0], [0.0, 0.0])
         ctx = ShareContext([g], PeerRows.from_records([r]), GRPOOptions(num_generations=2),
-                           SharingConfig(strategy="sgt"),
                            lambda ps, cs: task.rewards(ps, [p.question for p in ps], cs), lambda prompt, text: [1, 2])
         batch = build_batch("sgt", ctx)
         rescued += sum(row.kind == "rescue" for row in batch.rows)

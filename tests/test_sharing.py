@@ -19,8 +19,9 @@ from mutualrl.algorithms.sharing import (
     parse_strategy,
     register_strategy,
 )
-from mutualrl.algorithms.update import chunk_weights, train_on_batch
-from mutualrl.config import GRPOOptions, SharingConfig
+from mutualrl.algorithms.strategies.prp import PRPSettings, chunk_weights
+from mutualrl.algorithms.update import train_on_batch
+from mutualrl.config import LEGACY_SHARING, GRPOOptions
 from mutualrl.experience import Rollout, VerifiedSuccess
 
 
@@ -66,9 +67,25 @@ def _align(r: Rollout, prompt_ids=()):
     return PeerTrace(ids, chunks, {"chunks": float(len(chunks)), "noncanonical": 0.0})
 
 
+def _blocks(**flat):
+    """``sharing.<step>`` blocks from the flat names of earlier releases (``sgt_lambda=0.3``)."""
+    out: dict = {}
+    for old, value in flat.items():
+        name, steps = LEGACY_SHARING[old]
+        for step in steps:
+            out.setdefault(step, {})[name] = value
+    return out
+
+
 def _ctx(task, groups, records=(), *, options=None, **sharing):
-    return ShareContext(groups, PeerRows.from_records(list(records)), options or GRPOOptions(dynamic_sampling="off"),
-                        SharingConfig(**sharing), _scorer(task), _encode, _align)
+    ctx = ShareContext(groups, PeerRows.from_records(list(records)), options or GRPOOptions(dynamic_sampling="off"),
+                       _scorer(task), _encode, _align)
+    ctx.sharing_blocks = _blocks(**sharing)  # what _build passes on
+    return ctx
+
+
+def _build(strategy, ctx):
+    return build_batch(strategy, ctx, getattr(ctx, "sharing_blocks", None))
 
 
 def _scorer(task):
@@ -109,19 +126,19 @@ def test_skip_leaves_out_zero_advantage_rows_after_every_step_had_its_say(task):
     p0, p1, p2 = task.problems("train", 3)
     groups = [_group(p0, [1, 0, 0, 1]), _group(p1, [1, 1, 1, 1]), _group(p2, [0, 0, 0, 0])]
     skip = GRPOOptions(dynamic_sampling="skip")
-    batch = build_batch("independent", _ctx(task, groups, options=skip))
+    batch = _build("independent", _ctx(task, groups, options=skip))
     assert len(batch.rows) == 4 and batch.metrics["zero_adv_rows_skipped"] == 8
     assert batch.n_prompts == 3  # the rescue term's denominator still counts every prompt
     # XGRPO gives the all-fail group a signal from the peer's rewards: its rows stay
     peer = [*_peer_group(p2, [1.0, 0.0])]
-    batch = build_batch("xgrpo", _ctx(task, groups, peer, options=skip))
+    batch = _build("xgrpo", _ctx(task, groups, peer, options=skip))
     assert len(batch.rows) == 8 and batch.metrics["zero_adv_rows_skipped"] == 4
 
 
 # ----------------------------------------------------------------------------- independent / xgrpo
 def test_independent_uses_own_group_advantages(task):
     p0, p1 = task.problems("train", 2)
-    batch = build_batch("independent", _ctx(task, [_group(p0, [1, 0, 0, 1]), _group(p1, [1, 1, 1, 1])]))
+    batch = _build("independent", _ctx(task, [_group(p0, [1, 0, 0, 1]), _group(p1, [1, 1, 1, 1])]))
     assert [r.kind for r in batch.rows] == ["own"] * 8
     assert [r.advantage for r in batch.rows[:4]] == pytest.approx([0.8658754, -0.8658754, -0.8658754, 0.8658754])
     assert [r.advantage for r in batch.rows[4:]] == [0.0] * 4
@@ -134,7 +151,7 @@ def test_xgrpo_advantages_equal_the_pooled_formula_and_train_only_own_rows(task)
     p0, p1 = task.problems("train", 2)
     peers = [*_peer_group(p0, [1.0, 1.0, 0.0, 0.0]), _success(p0, p0.answer)]
     ctx = _ctx(task, [_group(p0, [1, 0, 0, 0]), _group(p1, [1, 0, 0, 1])], peers)
-    batch = build_batch("xgrpo", ctx)
+    batch = _build("xgrpo", ctx)
     assert all(r.kind == "own" for r in batch.rows) and len(batch.rows) == 8
     # pool [1,0,0,0,1,1,0,0]: mean 3/8, unbiased std 0.5175492 -> (r - 0.375) / (0.5175492 + 1e-4)
     assert [r.advantage for r in batch.rows[:4]] == pytest.approx([1.2073814, -0.7244289, -0.7244289, -0.7244289],
@@ -149,7 +166,7 @@ def test_xgrpo_gives_signal_to_a_zero_variance_group(task):
     # own group all 0 (no GRPO signal); a peer solved it: pooled baseline makes own advantages negative
     (p0,) = task.problems("train", 1)
     ctx = _ctx(task, [_group(p0, [0, 0])], [*_peer_group(p0, [1.0, 0.0])])
-    adv = [r.advantage for r in build_batch("xgrpo", ctx).rows]
+    adv = [r.advantage for r in _build("xgrpo", ctx).rows]
     # pool [0,0,1,0]: mean 0.25, std 0.5 -> -0.25 / 0.5001
     assert adv == pytest.approx([-0.25 / 0.5001] * 2)
 
@@ -161,10 +178,10 @@ def test_batch_scale_is_over_the_pooled_batch(task):
     opts = GRPOOptions(scale_rewards="batch")
     ctx = _ctx(task, [_group(p0, [0, 0])], [*_peer_group(p0, [1.0, 0.0])], options=opts)
     # pooled batch [0, 0, 1, 0]: mean 0.25, unbiased std 0.5
-    assert [r.advantage for r in build_batch("xgrpo", ctx).rows] == pytest.approx([-0.25 / 0.5001] * 2)
+    assert [r.advantage for r in _build("xgrpo", ctx).rows] == pytest.approx([-0.25 / 0.5001] * 2)
     ctx = _ctx(task, [_group(p0, [0, 0])], [_rollout(p0, p0.answer, idx=0), _rollout(p0, "x", idx=1)],
                options=opts)
-    batch = build_batch("prp", ctx)
+    batch = _build("prp", ctx)
     assert [r.advantage for r in batch.rows] == pytest.approx([-0.25 / 0.5001, -0.25 / 0.5001,
                                                                0.75 / 0.5001, -0.25 / 0.5001])
     assert max(abs(r.advantage) for r in batch.rows) < 2
@@ -174,7 +191,7 @@ def test_batch_scale_is_over_the_pooled_batch(task):
 def test_sgt_gate_closed_when_own_group_has_a_success(task):
     (p0,) = task.problems("train", 1)
     ctx = _ctx(task, [_group(p0, [1, 0, 0, 0])], [_success(p0, p0.answer)])
-    batch = build_batch("sgt", ctx)
+    batch = _build("sgt", ctx)
     assert [r.kind for r in batch.rows] == ["own"] * 4
     assert batch.metrics["sgt_gate_open"] == 0
     assert batch.metrics["sgt_rescue"] == 0
@@ -183,7 +200,7 @@ def test_sgt_gate_closed_when_own_group_has_a_success(task):
 def test_sgt_refuses_a_peer_success_that_fails_reverification(task):
     (p0,) = task.problems("train", 1)
     ctx = _ctx(task, [_group(p0, [0, 0, 0, 0])], [_success(p0, _wrong(p0.answer))])
-    batch = build_batch("sgt", ctx)
+    batch = _build("sgt", ctx)
     assert all(r.kind == "own" for r in batch.rows)
     assert batch.metrics["sgt_gate_open"] == 1
     assert batch.metrics["sgt_rescue"] == 0
@@ -195,7 +212,7 @@ def test_sgt_adds_one_rescue_row_when_open_and_verified(task):
     good = p0.answer
     records = [_success(p0, _wrong(p0.answer)), _success(p0, good), _success(p0, good + "\n")]
     ctx = _ctx(task, [_group(p0, [0, 0, 0, 0])], records, sgt_lambda=0.3)
-    batch = build_batch("sgt", ctx)
+    batch = _build("sgt", ctx)
     rescue = [r for r in batch.rows if r.kind == "rescue"]
     assert len(rescue) == 1
     assert rescue[0].weight == 0.3
@@ -209,10 +226,10 @@ def test_sgt_respects_max_per_step(task):
     probs = task.problems("train", 3)
     groups = [_group(p, [0, 0]) for p in probs]
     records = [_success(p, p.answer) for p in probs]
-    batch = build_batch("sgt", _ctx(task, groups, records, sgt_max_per_step=2))
+    batch = _build("sgt", _ctx(task, groups, records, sgt_max_per_step=2))
     assert sum(r.kind == "rescue" for r in batch.rows) == 2
     assert batch.metrics["sgt_gate_open"] == 3
-    batch0 = build_batch("sgt", _ctx(task, groups, records, sgt_max_per_step=0))
+    batch0 = _build("sgt", _ctx(task, groups, records, sgt_max_per_step=0))
     assert sum(r.kind == "rescue" for r in batch0.rows) == 0
 
 
@@ -220,7 +237,7 @@ def test_xgrpo_plus_sgt_chains_both(task):
     p0, p1 = task.problems("train", 2)
     records = [*_peer_group(p0, [1.0, 0.0]), _success(p0, p0.answer),
                *_peer_group(p1, [1.0, 1.0])]
-    batch = build_batch("xgrpo+sgt", _ctx(task, [_group(p0, [0, 0]), _group(p1, [1, 0])], records))
+    batch = _build("xgrpo+sgt", _ctx(task, [_group(p0, [0, 0]), _group(p1, [1, 0])], records))
     assert [r.kind for r in batch.rows] == ["own"] * 4 + ["rescue"]
     assert batch.metrics["xgrpo_pooled_prompts"] == 2
     assert batch.metrics["sgt_rescue"] == 1
@@ -236,7 +253,7 @@ def test_prp_adds_reverified_peer_rows_with_pooled_advantages(task):
     records = [_rollout(p0, p0.answer, 0.0, idx=0), _rollout(p0, _wrong(p0.answer), 1.0, idx=1),
                _rollout(p0, "REFUSE", 1.0, idx=2)]
     ctx = _ctx(task, [_group(p0, [1, 0, 0, 0])], records, prp_peer_weight=0.25, prp_max_peer_per_prompt=3)
-    batch = build_batch("prp", ctx)
+    batch = _build("prp", ctx)
     own = [r for r in batch.rows if r.kind == "own"]
     peer = [r for r in batch.rows if r.kind == "peer"]
     assert len(own) == 4 and len(peer) == 2
@@ -255,7 +272,7 @@ def test_prp_adds_reverified_peer_rows_with_pooled_advantages(task):
 def test_prp_caps_peers_per_prompt(task):
     (p0,) = task.problems("train", 1)
     records = [_rollout(p0, p0.answer, idx=i, source=f"peer{i}") for i in range(5)]
-    batch = build_batch("prp", _ctx(task, [_group(p0, [0, 0])], records, prp_max_peer_per_prompt=2))
+    batch = _build("prp", _ctx(task, [_group(p0, [0, 0])], records, prp_max_peer_per_prompt=2))
     assert sum(r.kind == "peer" for r in batch.rows) == 2
 
 
@@ -264,17 +281,17 @@ def test_prp_needs_thl(task):
     ctx = _ctx(task, [_group(p0, [0, 1])])
     ctx.align_peer = None
     with pytest.raises(RuntimeError, match="THL"):
-        build_batch("prp", ctx)
+        _build("prp", ctx)
 
 
-def testchunk_weights_are_truncated_chunk_ratios():
+def test_chunk_weights_are_truncated_chunk_ratios():
     width = 5
     own = TrainRow([1], [5, 6, 7], 0.5, [-1.0, -1.0, -1.0])
     peer = TrainRow([1], [8, 9, 10, 11], 1.0, None, "peer", [(0, 1, -1.0), (1, 3, -2.5), (3, 4, -0.2)])
     cur = torch.tensor([[0.0, 0.0, -3.0, -3.0, -3.0],
                         [0.0, -1.5, -1.0, -1.0, -0.1]])
     # chunk log-ratios: -1.5 - (-1.0) = -0.5; -2.0 - (-2.5) = 0.5; -0.1 - (-0.2) = 0.1
-    w, stats = chunk_weights([own, peer], cur, width, clip=1.0)
+    w, stats = chunk_weights([own, peer], cur, width, PRPSettings(ratio_clip=1.0))
     assert w[0].tolist() == [1.0] * 5
     assert w[1].tolist() == pytest.approx([1.0, math.exp(-0.5), 1.0, 1.0, 1.0])
     assert stats["prp_ratio_max"] == pytest.approx(math.exp(0.5), rel=1e-5)
@@ -282,7 +299,7 @@ def testchunk_weights_are_truncated_chunk_ratios():
     assert stats["prp_ratio_truncated_frac"] == pytest.approx(2 / 3)
     # ESS fraction of the truncated weights [e^-0.5, 1, 1]: (sum)^2 / (n * sum of squares)
     assert stats["prp_ess_frac"] == pytest.approx(0.9564116, abs=1e-6)
-    w2, stats2 = chunk_weights([own, peer], cur, width, clip=1.2)
+    w2, stats2 = chunk_weights([own, peer], cur, width, PRPSettings(ratio_clip=1.2))
     # both chunk-1 tokens carry the chunk's weight
     assert w2[1].tolist() == pytest.approx([1.0, math.exp(-0.5), 1.2, 1.2, math.exp(0.1)], rel=1e-6)
     assert stats2["prp_ratio_truncated_frac"] == pytest.approx(1 / 3)
@@ -301,7 +318,7 @@ def test_sgt_rescue_term_raises_the_likelihood_of_the_success(gpt2_policy):
     pol = gpt2_policy
     prompt = pol.encode_prompt("Calculate 12 + 30.")
     target = pol.encode_completion(None, "42")
-    batch = TrainBatch([TrainRow(prompt, target, 0.0, None, "rescue", None, 1.0)])
+    batch = TrainBatch([TrainRow(prompt, target, 0.0, None, "rescue", None, 1.0)], kinds=parse_strategy("sgt").kinds())
 
     def nll() -> float:
         with torch.no_grad():
@@ -310,7 +327,7 @@ def test_sgt_rescue_term_raises_the_likelihood_of_the_success(gpt2_policy):
     before = nll()
     for _ in range(5):
         stats = train_on_batch(pol, batch)
-    assert "sgt_nll" in stats and math.isfinite(stats["loss"])
+    assert "rescue_nll" in stats and math.isfinite(stats["loss"])
     assert nll() < before - 0.5
 
 
@@ -327,8 +344,9 @@ def test_update_mixes_long_own_rows_short_rescue_and_peer_rows(gpt2_policy):
     peer = TrainRow(prompt, peer_ids, 1.0, None, "peer", [(0, len(peer_ids) - 1, -2.0),
                                                             (len(peer_ids) - 1, len(peer_ids), -0.1)], 0.5)
     rescue = TrainRow(prompt[-1:], pol.encode_completion(None, "3"), 0.0, None, "rescue", None, 0.1)
-    stats = train_on_batch(pol, TrainBatch([own1, own2, peer, rescue]), prp_ratio_clip=1.0)
-    for k in ("prp_ratio_mean", "prp_ess_frac", "sgt_nll", "pg_loss", "grad_norm", "loss"):
+    kinds = parse_strategy("prp+sgt").kinds({"prp": {"ratio_clip": 1.0}})
+    stats = train_on_batch(pol, TrainBatch([own1, own2, peer, rescue], kinds=kinds))
+    for k in ("prp_ratio_mean", "prp_ess_frac", "rescue_nll", "pg_loss", "grad_norm", "loss"):
         assert math.isfinite(stats[k]), k
     assert 0 < stats["prp_ess_frac"] <= 1.0
 
@@ -382,7 +400,7 @@ def test_prp_weights_equal_thl_chunk_ratios_truncated(gpt2_policy, llama_policy)
     with torch.no_grad():
         cur = learner.logprobs([prompt], [ids], width)
     for clip in (1.0, 50.0):
-        w, stats = chunk_weights([row], cur, width, clip)
+        w, stats = chunk_weights([row], cur, width, PRPSettings(ratio_clip=clip))
         off = width - len(ids)
         assert w[0, :off].tolist() == [1.0] * off
         ratios = []
@@ -462,7 +480,7 @@ def test_registry_declarations_are_enforced():
         register_strategy("Bad+Name")
     # declared properties, not substrings, decide: 'sgt_strict' is not 'sgt', two poolers conflict
     assert check_strategy_name("sgt_strict") and "unknown strategy" in check_strategy_name("sgt_strict")
-    assert "both pool advantages" in check_strategy_name("prp+xgrpo")
+    assert "both provide pooled advantages" in check_strategy_name("prp+xgrpo")
     assert parse_strategy("independent").reads == frozenset() and not parse_strategy("independent").shares
     assert parse_strategy("prp").reads == {"rollout"} and parse_strategy("xgrpo").reads == {"rollout"}
 
@@ -472,7 +490,7 @@ def test_guide_puts_a_verified_peer_success_into_a_failed_group(task):
     p0, p1 = task.problems("train", 2)
     records = [_success(p0, _wrong(p0.answer)), _success(p0, p0.answer), _success(p1, p1.answer)]
     ctx = _ctx(task, [_group(p0, [0, 0, 0, 0]), _group(p1, [1, 0, 0, 0])], records)
-    batch = build_batch("guide", ctx)
+    batch = _build("guide", ctx)
     guide = [r for r in batch.rows if r.kind == "guide"]
     assert len(guide) == 1 and guide[0].completion_ids == _encode(None, p0.answer)
     # pooled group [0, 0, 0, 0, 1]: mean 0.2, unbiased std 0.4472136
@@ -482,16 +500,16 @@ def test_guide_puts_a_verified_peer_success_into_a_failed_group(task):
     assert batch.metrics["guide_rows"] == 1 and batch.metrics["guide_refused"] == 1  # the wrong one
     assert batch.metrics["peer_rows"] == 1 and batch.metrics["peer_rows/peer"] == 1
     # p1's group had a success: no guidance there unless the gate allows it
-    gated = build_batch("guide", _ctx(task, ctx.groups, records, guide_gate=0.25))
+    gated = _build("guide", _ctx(task, ctx.groups, records, guide_gate=0.25))
     assert gated.metrics["guide_rows"] == 2
 
 
 def test_guide_rows_train_off_policy_with_shaping(gpt2_policy):
-    from mutualrl.algorithms.update import shaping_weights
+    from mutualrl.algorithms.strategies.guide import GuideSettings, shaping_weights
 
     cur = torch.log(torch.tensor([[0.01, 0.1, 0.9]]))
-    assert torch.equal(shaping_weights(cur, 0.0), torch.ones_like(cur))
-    w = shaping_weights(cur, 0.1)  # LUFFY: gamma p / (p + gamma)^2, largest at p = gamma
+    assert torch.equal(shaping_weights([], cur, 3, GuideSettings())[0], torch.ones_like(cur))
+    w = shaping_weights([], cur, 3, GuideSettings(shaping_gamma=0.1))[0]  # LUFFY: gamma p / (p + gamma)^2, max at gamma
     assert w[0, 1] == pytest.approx(0.25) and w[0, 0] < w[0, 1] and w[0, 2] < w[0, 1]
     pol = gpt2_policy
     prompt = pol.encode_prompt("Calculate 12 + 30.")
@@ -503,7 +521,7 @@ def test_guide_rows_train_off_policy_with_shaping(gpt2_policy):
 
     before = nll()
     for _ in range(3):
-        stats = train_on_batch(pol, TrainBatch([row], n_prompts=1))
+        stats = train_on_batch(pol, TrainBatch([row], n_prompts=1, kinds=parse_strategy("guide").kinds()))
     assert math.isfinite(stats["loss"]) and nll() < before  # a positive advantage raises its likelihood
 
 
@@ -514,18 +532,22 @@ def test_imitate_mixes_peer_successes_where_failed_and_own_where_solved(task):
     groups = [_group(p0, [0, 0, 0, 0]), _group(p1, [0, 1, 0, 0])]
     records = [_success(p0, p0.answer)]
     ctx = _ctx(task, groups, records, sgt_lambda=0.5)
-    batch = build_batch("imitate", ctx)
-    rescue = [r for r in batch.rows if r.kind == "rescue"]
+    batch = _build("imitate", ctx)
+    rescue = [r for r in batch.rows if r.kind == "imitate"]
     assert [r.completion_ids for r in rescue] == [_encode(None, p0.answer), groups[1].completion_ids[1]]
     assert all(r.weight == 0.5 for r in rescue)
-    assert batch.metrics["sgt_rescue"] == 1 and batch.metrics["imitate_own"] == 1
+    assert batch.metrics["imitate_rescue"] == 1 and batch.metrics["imitate_own"] == 1
     # replay: a peer success for a prompt failed at an earlier step joins, capped with the fresh ones
     ctx.history = [PastFailure(p2, [7, 8], [_success(p2, p2.answer)], 0)]
-    batch = build_batch("imitate", ctx)
-    assert batch.metrics["sgt_rescue"] == 2 and batch.metrics["imitate_replayed"] == 1
-    ctx.sharing = SharingConfig(sgt_max_per_step=1)
-    assert build_batch("imitate", ctx).metrics["sgt_rescue"] == 1
+    batch = _build("imitate", ctx)
+    assert batch.metrics["imitate_rescue"] == 2 and batch.metrics["imitate_replayed"] == 1
+    ctx.sharing_blocks = {"imitate": {"max_rows": 1}}
+    assert _build("imitate", ctx).metrics["imitate_rescue"] == 1
+    # peer rows may weigh differently from the own ones
+    ctx.sharing_blocks = {"imitate": {"weight": 0.5, "peer_weight": 2.0}}
+    weights = sorted(r.weight for r in _build("imitate", ctx).rows if r.kind == "imitate")
+    assert weights == [0.5, 2.0, 2.0]
     # the control: the own rows alone
-    control = build_batch("self_imitate", _ctx(task, groups, records))
-    assert [r.kind for r in control.rows].count("rescue") == 1 and control.metrics.get("peer_rows", 0) == 0
+    control = _build("self_imitate", _ctx(task, groups, records))
+    assert [r.kind for r in control.rows].count("self_imitate") == 1 and control.metrics.get("peer_rows", 0) == 0
     assert "cannot be combined" in check_strategy_name("imitate+sgt")

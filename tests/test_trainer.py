@@ -106,7 +106,7 @@ def test_two_policy_run_per_strategy(tiny_models, digits_file, tmp_path, strateg
             assert r["xgrpo_pooled_prompts"] == 4 and r["xgrpo_peer_rewards"] == 16
         if "sgt" in strategy:
             assert r["sgt_refused"] == 0  # same task, same verifier: every peer success re-verifies
-            assert ("sgt_nll" in r) == (r["sgt_rescue"] > 0)  # rescue rows, when there are any, trained
+            assert ("rescue_nll" in r) == (r["sgt_rescue"] > 0)  # rescue rows, when there are any, trained
         if strategy == "prp":
             # every offered peer rollout is used or refused; the Unigram learner cannot write the bytes an
             # untrained byte-level BPE peer emits (<unk>), and refuses those rows rather than train on them
@@ -148,7 +148,7 @@ def test_in_memory_run_shares_and_sgt_rescues(tiny_models, digits_file):
     assert all(r["xgrpo_pooled_prompts"] == 8 and r["xgrpo_peer_rewards"] == 32 for r in train)
     assert sum(r["sgt_gate_open"] for r in train) > 0
     assert sum(r["sgt_rescue"] for r in train) > 0
-    assert any("sgt_nll" in r for r in train)
+    assert any("rescue_nll" in r for r in train)
 
 
 def test_single_policy_reward_goes_up(tiny_models):

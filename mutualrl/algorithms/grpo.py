@@ -18,6 +18,17 @@ from dataclasses import dataclass
 
 import torch
 
+from mutualrl.algorithms.losses import (
+    BatchCounts,
+    TermInputs,
+    clipped_surrogate,
+    k3_kl,
+    kl_stat,
+    off_policy_pg,
+    reduce,
+)
+from mutualrl.config import GRPOOptions
+
 ADV_EPS = 1e-4
 
 
@@ -47,23 +58,12 @@ class LossOutput:
     stats: dict[str, float]
 
 
-def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimator of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1."""
-    d = ref_logp - logp
-    return torch.exp(d) - d - 1.0
-
-
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, max_completion_length: int) -> torch.Tensor:
-    """Reduce a masked ``[B, C]`` per-token loss to a scalar per ``loss_type``."""
-    m = mask.to(per_token.dtype)
-    if loss_type == "grpo":
-        per_seq = (per_token * m).sum(1) / m.sum(1).clamp(min=1.0)
-        return per_seq.mean()
-    if loss_type in ("bnpo", "dapo", "token_mean"):  # one process: the batch's tokens are all the tokens
-        return (per_token * m).sum() / m.sum().clamp(min=1.0)
-    if loss_type == "dr_grpo":
-        return (per_token * m).sum() / (per_token.shape[0] * max_completion_length)
-    raise ValueError(f"loss_type must be grpo, bnpo, dapo, dr_grpo or token_mean, got {loss_type!r}")
+    """Reduce a masked ``[B, C]`` per-token loss of one batch to a scalar per ``loss_type``
+    (:func:`mutualrl.algorithms.losses.reduce` with the batch's own counts)."""
+    counts = BatchCounts(per_token.shape[0], int(mask.sum()), 0)
+    return reduce(per_token, mask, "policy_gradient", counts,
+                  GRPOOptions(loss_type=loss_type, max_completion_length=max_completion_length))  # type: ignore[arg-type]
 
 
 def grpo_loss(
@@ -83,7 +83,9 @@ def grpo_loss(
     row_weight: torch.Tensor | None = None,
     token_weight: torch.Tensor | None = None,
 ) -> LossOutput:
-    """The GRPO loss over a batch of rows (tensors ``[B, C]`` right-aligned, ``advantages [B]``).
+    """The GRPO loss over one batch of rows (tensors ``[B, C]`` right-aligned, ``advantages [B]``):
+    the registered terms ``clipped_surrogate`` (on-policy rows) and ``off_policy_pg`` (``offpolicy``
+    rows) reduced together by ``loss_type``, as the update does for a batch's policy-gradient rows.
 
     Args:
         logp: current log-probs (with gradient).
@@ -93,46 +95,28 @@ def grpo_loss(
         is_weight: per-token truncated importance weights for off-policy rows.
         offpolicy: ``[B]`` bool, rows that use ``is_weight`` instead of the clipped ratio.
         row_weight: ``[B]`` scale of each row's loss (e.g. peer samples' weight).
-        token_weight: ``[B, C]`` scale of each token's loss (the truncated importance correction of a
-            sampler/trainer mismatch, ``min(pi_train / pi_sampler, cap)``; no gradient).
+        token_weight: ``[B, C]`` scale of each on-policy token's loss (the truncated importance
+            correction of a sampler/trainer mismatch, ``min(pi_train / pi_sampler, cap)``; no gradient).
     """
-    eps_hi = epsilon if epsilon_high is None else epsilon_high
-    adv = advantages.unsqueeze(1)
-    log_ratio = logp - old_logp
-    ratio = torch.exp(log_ratio)
-    surr1 = ratio * adv
-    surr2 = torch.clamp(ratio, 1.0 - epsilon, 1.0 + eps_hi) * adv
-    per_token = -torch.min(surr1, surr2)
-    clipped = ((ratio < 1.0 - epsilon) & (adv < 0)) | ((ratio > 1.0 + eps_hi) & (adv > 0))
+    opts = GRPOOptions(epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, loss_type=loss_type,  # type: ignore[arg-type]
+                       max_completion_length=max_completion_length)
+    rw = row_weight if row_weight is not None else torch.ones(logp.shape[0], dtype=logp.dtype, device=logp.device)
+    on = TermInputs(logp, mask, advantages, rw, opts, old_logp=old_logp, ref_logp=ref_logp, token_weight=token_weight)
+    per_token, _ = clipped_surrogate(on)
     onpol_mask = mask
     if offpolicy is not None and bool(offpolicy.any()):
         if is_weight is None:
             raise ValueError("offpolicy rows need is_weight")
         off = offpolicy.unsqueeze(1)
-        pg = -(is_weight * torch.exp(logp - logp.detach()) * adv)
+        pg, _ = off_policy_pg(TermInputs(logp, mask, advantages, rw, opts, ref_logp=ref_logp, token_weight=is_weight))
         per_token = torch.where(off, pg, per_token)
         onpol_mask = mask & ~off
-    if beta > 0:
-        if ref_logp is None:
-            raise ValueError("beta > 0 needs ref_logp")
-        kl = k3_kl(logp, ref_logp)
-        per_token = per_token + beta * kl
-    else:
-        kl = None
-    if row_weight is not None:
-        per_token = per_token * row_weight.unsqueeze(1)
-    if token_weight is not None:
-        per_token = per_token * token_weight
-    loss = aggregate(per_token, mask, loss_type, max_completion_length)
-    with torch.no_grad():
-        m = onpol_mask.float()
-        n_on = m.sum().clamp(min=1.0)
-        stats = {
-            "clip_frac": float((clipped.float() * m).sum() / n_on),
-            "ratio_mean": float((ratio * m).sum() / n_on),
-            "kl": float((kl * mask.float()).sum() / mask.float().sum().clamp(min=1.0)) if kl is not None else 0.0,
-        }
-    return LossOutput(loss, stats)
+    _, stats = clipped_surrogate(TermInputs(logp.detach(), onpol_mask, advantages, rw, opts, old_logp=old_logp,
+                                            ref_logp=ref_logp))
+    stats["kl"] = kl_stat(k3_kl(logp, ref_logp) if beta > 0 and ref_logp is not None else None, mask)["kl"]
+    if beta > 0 and ref_logp is None:
+        raise ValueError("beta > 0 needs ref_logp")
+    return LossOutput(aggregate(per_token, mask, loss_type, max_completion_length), stats)
 
 
 def sequence_nll(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,33 +1,54 @@
-"""Sharing strategies: how a learner turns its own group and its peers' rows into a training batch.
+"""Sharing: how a learner turns its own groups and its peers' rows into a training batch.
 
-A strategy is a chain of named steps (``xgrpo+sgt``). Each step is one function registered with
-:func:`register_strategy`, which also declares what the step needs: the record kinds it reads from
-the exchange (the worker queries exactly those), whether it rewrites advantages over a pooled
-group (two such steps cannot be chained) and which other steps it cannot be combined with. The
-base step (``independent``: own samples, own group advantages) always runs first.
+A strategy is a chain of registered steps (``xgrpo+sgt``; :mod:`mutualrl.algorithms.registry`
+declares what a step is and parses a name). The base step (``independent``: own samples, own
+group advantages) always runs first; each sharing step then adds rows of its own kinds and may
+rewrite own advantages. This module holds what the steps read and write: the learner's own groups
+(:class:`OwnGroup`), the peers' rows in fair order (:class:`PeerRows`), the context
+(:class:`ShareContext`), the batch (:class:`TrainBatch` of :class:`TrainRow`), the helpers the
+built-in steps share (re-verification, the pooled advantages) and :func:`build_batch`.
 
 The built-in steps live in :mod:`mutualrl.algorithms.strategies` (one module each: ``prp``,
-``xgrpo``, ``sgt``, ``guide``, ``imitate``); the ``mutualrl.algorithms`` package imports them,
-so they are registered before anything of it is used. :func:`parse_strategy` is the one parser of a strategy name.
+``xgrpo``, ``sgt``, ``guide``, ``imitate`` and ``self_imitate``); the ``mutualrl.algorithms``
+package imports them, so they are registered before anything of it is used.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import itertools
 import math
-import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mutualrl.algorithms.grpo import pooled_advantages
-from mutualrl.config import GRPOOptions, SharingConfig
-from mutualrl.experience import KINDS, GroupOutcome, Rollout, VerifiedSuccess
+from mutualrl.algorithms.registry import (
+    BASE,
+    OWN,
+    OWN_GROUPS,
+    BoundKind,
+    RowKind,
+    Strategy,
+    StrategyError,
+    StrategyStep,
+    available_strategies,
+    check_strategy_name,
+    parse_strategy,
+    register_strategy,
+)
+from mutualrl.experience import GroupOutcome, Rollout, VerifiedSuccess
 from mutualrl.tasks.base import SUCCESS_THRESHOLD, Problem
 from mutualrl.thl.peer import PeerTrace
+
+if TYPE_CHECKING:
+    from mutualrl.config import GRPOOptions
+
+__all__ = ["BASE", "OWN", "BoundKind", "OwnGroup", "PastFailure", "PastSuccess", "PeerRows", "RowKind", "ShareContext", "Strategy",
+           "StrategyError", "StrategyStep", "TrainBatch", "TrainRow", "available_strategies", "build_batch",
+           "check_strategy_name", "fair_order", "own_rows_by_prompt", "own_success_row", "parse_strategy",
+           "pool_with_peers", "register_strategy", "verified_successes"]
 
 
 @dataclass
@@ -68,11 +89,16 @@ class TrainRow:
     advantage: float = 0.0
     old_logprobs: list[float] | None = None
     """Behavior log-probs (own rows). Peer rows carry ``peer_chunks`` instead."""
-    kind: str = "own"
-    """``own`` (clipped surrogate), ``peer`` (truncated-IS policy gradient) or ``rescue`` (NLL)."""
+    kind: str = OWN
+    """The row's kind: ``own`` (the base step's) or one a step of the strategy declares, which
+    names the loss term that trains it (:class:`~mutualrl.algorithms.registry.RowKind`)."""
     peer_chunks: list[tuple[int, int, float]] | None = None
     """Peer rows: (first learner token, end learner token, peer log-prob sum) per THL chunk."""
     weight: float = 1.0
+
+
+def _base_kinds() -> dict[str, BoundKind]:
+    return parse_strategy(BASE).kinds()
 
 
 @dataclass
@@ -82,10 +108,12 @@ class TrainBatch:
     rows: list[TrainRow] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     n_prompts: int = 0
-    """Prompts of the step (own groups), the denominator of the rescue term."""
+    """Prompts of the step (own groups), the denominator of ``per_prompt`` loss terms."""
     peer_rows: Counter[str] = field(default_factory=Counter)
     """Peer rows the steps used, by peer name (a row, a pooled reward, a rescued success):
     logged as ``peer_rows`` and ``peer_rows/<peer>``."""
+    kinds: dict[str, BoundKind] = field(default_factory=_base_kinds)
+    """Every row kind the strategy's steps declare, bound to their settings (what the update reads)."""
 
 
 @dataclass
@@ -166,168 +194,55 @@ class PastFailure:
 
 
 @dataclass
+class PastSuccess:
+    """A prompt of an earlier step the learner solved, with one of its own verified successes (what
+    ``self_imitate`` replays with ``extra_rows``)."""
+
+    problem: Problem
+    prompt_ids: list[int]
+    completion: str
+    version: int
+
+
+@dataclass
 class ShareContext:
-    """Everything a strategy step may read."""
+    """Everything a strategy step may read (its settings come as its own argument)."""
 
     groups: list[OwnGroup]
     peers: PeerRows
     options: GRPOOptions
-    sharing: SharingConfig
     score: ScoreFn
     """The learner's own reward and verifier: a peer's claim is never trusted."""
     encode_completion: EncodeFn
     align_peer: AlignFn | None = None
     history: list[PastFailure] = field(default_factory=list)
-    """Earlier steps' failed prompts with peer successes, newest first (steps that ``replay``)."""
+    """Earlier steps' failed prompts with peer successes, newest first (steps that declare
+    ``replay_steps``)."""
+    own_history: list[PastSuccess] = field(default_factory=list)
+    """Earlier steps' solved prompts with one own verified success each, newest first (likewise)."""
 
 
-StrategyFn = Callable[[ShareContext, TrainBatch], None]
+def build_batch(strategy: str | Strategy, ctx: ShareContext, sharing: Any = None) -> TrainBatch:
+    """Run the base step, then each step of ``strategy`` in its order, each with its settings
+    (``sharing``: a :class:`~mutualrl.config.SharingConfig`, a mapping of step name to a settings
+    block or instance, or None for the defaults).
 
-
-@dataclass(frozen=True)
-class StrategyStep:
-    """A registered strategy step and what it declares about itself."""
-
-    name: str
-    apply: StrategyFn
-    reads: frozenset[str]
-    """Record kinds the step reads from the exchange (``rollout``, ``group_outcome``, ``verified_success``)."""
-    pools_advantages: bool
-    """The step recomputes advantages over a group pooled with peers (at most one such step)."""
-    conflicts: frozenset[str]
-    """Steps it cannot be chained with (the relation is symmetric)."""
-    description: str = ""
-    replays: bool = False
-    """The step reads :attr:`ShareContext.history` (peer successes of earlier failed prompts)."""
-    trains_peer_rollouts: bool = False
-    """The step adds peers' rollouts to the learner's update (the resource plan prices them)."""
-
-
-_REGISTRY: dict[str, StrategyStep] = {}
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-BASE = "independent"
-
-
-def register_strategy(name: str, *, reads: Sequence[str] = (), pools_advantages: bool = False,
-                      conflicts: Sequence[str] = (), description: str = "", replays: bool = False,
-                      trains_peer_rollouts: bool = False) -> Callable[[StrategyFn], StrategyFn]:
-    """Register a strategy step under ``name`` (usable in ``sharing.strategy``, chained with '+').
-
-    ``reads`` names the record kinds the step needs: the learner queries the exchange for exactly
-    the union of its steps' kinds. A name can be registered once; a second registration raises
-    ``ValueError`` (use another name).
+    With ``dynamic_sampling`` on, policy-gradient rows whose advantage is zero (groups without
+    reward variance) are left out at the end, after every step had its say (XGRPO can give such a
+    group a signal). A row of a kind no step of the strategy declares is an error (a bug in a step).
     """
-    if not _NAME.match(name):
-        raise ValueError(f"strategy name {name!r} must be lower-case letters, digits and '_', starting with a letter")
-    bad = sorted(set(reads) - set(KINDS))
-    if bad:
-        raise ValueError(f"strategy {name!r} reads unknown record kinds {bad}; known: {list(KINDS)}")
-
-    def deco(fn: StrategyFn) -> StrategyFn:
-        if name in _REGISTRY:
-            raise ValueError(f"strategy {name!r} is already registered (by {_REGISTRY[name].apply.__module__}); "
-                             "choose another name")
-        _REGISTRY[name] = StrategyStep(name, fn, frozenset(reads), pools_advantages, frozenset(conflicts),
-                                       description or (fn.__doc__ or "").strip().split("\n")[0], replays,
-                                       trains_peer_rollouts)
-        return fn
-
-    return deco
-
-
-def available_strategies() -> list[str]:
-    """Names of every registered step."""
-    return sorted(_REGISTRY)
-
-
-class StrategyError(ValueError):
-    """A strategy name that does not parse; the message says why and what is valid."""
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """A parsed strategy: the sharing steps after the base step, in order."""
-
-    steps: tuple[StrategyStep, ...]
-
-    @property
-    def name(self) -> str:
-        return "+".join(s.name for s in self.steps) or BASE
-
-    @property
-    def reads(self) -> frozenset[str]:
-        """Record kinds to query from peers (empty: the learner reads nothing)."""
-        return frozenset().union(*(s.reads for s in self.steps))
-
-    @property
-    def trains_peer_rollouts(self) -> bool:
-        """Whether a step trains on peers' rollouts (their cost belongs in the learner's update)."""
-        return any(s.trains_peer_rollouts for s in self.steps)
-
-    @property
-    def replays(self) -> bool:
-        """Whether a step reads earlier steps' failed prompts (:attr:`ShareContext.history`)."""
-        return any(s.replays for s in self.steps)
-
-    @property
-    def shares(self) -> bool:
-        return bool(self.steps)
-
-
-def parse_strategy(spec: str | Strategy) -> Strategy:
-    """Parse ``independent`` or a chain of sharing steps such as ``xgrpo+sgt``.
-
-    Raises :class:`StrategyError` for an unknown step (with the closest name), a step named twice,
-    ``independent`` in a chain, two steps that both pool advantages, or a declared conflict.
-    """
-    if isinstance(spec, Strategy):
-        return spec
-    parts = [p.strip() for p in str(spec).split("+")]
-    for p in parts:
-        if p not in _REGISTRY:
-            close = difflib.get_close_matches(p, list(_REGISTRY), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise StrategyError(f"unknown strategy {p!r}{hint}; available: {', '.join(available_strategies())} "
-                                "(combine with '+')")
-    if len(set(parts)) != len(parts):
-        raise StrategyError(f"strategy {spec!r} names a step twice")
-    if BASE in parts:
-        if len(parts) > 1:
-            raise StrategyError(f"{BASE!r} cannot be combined with sharing steps")
-        return Strategy(())
-    steps = tuple(_REGISTRY[p] for p in parts)
-    pooling = [s.name for s in steps if s.pools_advantages]
-    if len(pooling) > 1:
-        raise StrategyError(f"{' and '.join(map(repr, pooling))} both pool advantages over peers; "
-                            "chain at most one of them (e.g. with 'sgt')")
-    for a in steps:
-        for b in steps:
-            if b.name in a.conflicts:
-                raise StrategyError(f"{a.name!r} cannot be combined with {b.name!r}")
-    return Strategy(steps)
-
-
-def check_strategy_name(spec: str) -> str | None:
-    """The error message of :func:`parse_strategy` for ``spec``, or None if it is valid."""
-    try:
-        parse_strategy(spec)
-    except StrategyError as exc:
-        return str(exc)
-    return None
-
-
-def build_batch(strategy: str | Strategy, ctx: ShareContext) -> TrainBatch:
-    """Run the base step, then each step of ``strategy`` in order.
-
-    With ``dynamic_sampling`` on, rows whose advantage is zero (groups without reward variance)
-    are left out at the end, after every step had its say (XGRPO can give such a group a signal).
-    """
-    batch = TrainBatch(n_prompts=len(ctx.groups))
-    _independent(ctx, batch)
-    for step in parse_strategy(strategy).steps:
-        step.apply(ctx, batch)
+    strat = parse_strategy(strategy)
+    settings = strat.settings(sharing)
+    batch = TrainBatch(n_prompts=len(ctx.groups), kinds=strat.kinds(settings))
+    for step in strat.all_steps:
+        step.run(ctx, batch, settings.get(step.name))
+    undeclared = sorted({r.kind for r in batch.rows} - set(batch.kinds))
+    if undeclared:
+        raise StrategyError(f"strategy {strat.name!r} added rows of undeclared kinds {undeclared}; a step declares "
+                            "the kinds it adds (register_strategy(rows=...))")
     if ctx.options.dynamic_sampling != "off":
-        keep = [r for r in batch.rows if r.kind == "rescue" or abs(r.advantage) > 1e-12]
+        keep = [r for r in batch.rows
+                if batch.kinds[r.kind].term.reduction != "policy_gradient" or abs(r.advantage) > 1e-12]
         batch.metrics["zero_adv_rows_skipped"] = len(batch.rows) - len(keep)
         batch.rows = keep
     if ctx.peers.any() or batch.peer_rows:
@@ -358,13 +273,14 @@ def verified_successes(ctx: ShareContext, problem: Problem, prompt_ids: Sequence
         yield ids, rewards[0], succ.source_policy
 
 
-def own_success_row(group: OwnGroup, weight: float) -> TrainRow | None:
-    """A likelihood row of the learner's own best completion of a group it solved (self-imitation:
-    a supervised step that sees the learner's own skill beside what peers give it), or None."""
+def own_success_row(group: OwnGroup, weight: float, kind: str) -> TrainRow | None:
+    """A likelihood row (of ``kind``) of the learner's own best completion of a group it solved
+    (self-imitation: a supervised step that sees the learner's own skill beside what peers give it),
+    or None."""
     if group.failed or not group.completion_ids:
         return None
     best = max(range(len(group.scores)), key=group.scores.__getitem__)
-    return TrainRow(group.prompt_ids, list(group.completion_ids[best]), 0.0, None, "rescue", None, weight)
+    return TrainRow(group.prompt_ids, list(group.completion_ids[best]), 0.0, None, kind, None, weight)
 
 
 def batch_std(ctx: ShareContext, extra: Sequence[float] = ()) -> float:
@@ -377,8 +293,8 @@ def batch_std(ctx: ShareContext, extra: Sequence[float] = ()) -> float:
 
 
 def own_rows_by_prompt(batch: TrainBatch, groups: list[OwnGroup]) -> list[list[TrainRow]]:
-    """The base step's own rows, one list per group (in group order)."""
-    own = [r for r in batch.rows if r.kind == "own"]
+    """The base step's own rows, one list per group (in group order; what ``own_groups`` promises)."""
+    own = [r for r in batch.rows if r.kind == OWN]
     out, i = [], 0
     for g in groups:
         n = len(g.completion_ids)
@@ -387,7 +303,27 @@ def own_rows_by_prompt(batch: TrainBatch, groups: list[OwnGroup]) -> list[list[T
     return out
 
 
-@register_strategy(BASE)
+def pool_with_peers(ctx: ShareContext, batch: TrainBatch, peer_rewards: Sequence[Sequence[float]]
+                    ) -> list[list[float]]:
+    """Pool each group with the peers' rewards for its prompt (``peer_rewards``, one list per group,
+    re-scored by the learner; empty: the group stays as it is): the own rows' advantages are
+    recomputed over the pooled group, the batch scale over every own and peer reward. Returns the
+    peer rewards' advantages, one list per group. The one pooling of ``xgrpo``, ``prp`` and ``guide``."""
+    bstd = batch_std(ctx, [r for rs in peer_rewards for r in rs])
+    scale = ctx.options.scale_rewards
+    out: list[list[float]] = []
+    for g, own, peers in zip(ctx.groups, own_rows_by_prompt(batch, ctx.groups), peer_rewards, strict=True):
+        if not peers:
+            out.append([])
+            continue
+        pool = list(g.rewards) + list(peers)
+        for row, a in zip(own, pooled_advantages(g.rewards, pool, scale, bstd), strict=True):
+            row.advantage = a
+        out.append(pooled_advantages(list(peers), pool, scale, bstd))
+    return out
+
+
+@register_strategy(BASE, rows={OWN: RowKind("clipped_surrogate")}, provides=(OWN_GROUPS,))
 def _independent(ctx: ShareContext, batch: TrainBatch) -> None:
     """Plain GRPO: own samples, own group advantages."""
     bstd = batch_std(ctx)
@@ -396,6 +332,5 @@ def _independent(ctx: ShareContext, batch: TrainBatch) -> None:
         adv = pooled_advantages(g.rewards, g.rewards, ctx.options.scale_rewards, bstd)
         zero_var += not g.informative
         for ids, lp, a in zip(g.completion_ids, g.logprobs, adv, strict=True):
-            batch.rows.append(TrainRow(g.prompt_ids, ids, a, lp, "own"))
+            batch.rows.append(TrainRow(g.prompt_ids, ids, a, lp, OWN))
     batch.metrics["zero_var_group_frac"] = zero_var / max(1, len(ctx.groups))
-

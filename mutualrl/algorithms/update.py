@@ -1,63 +1,31 @@
-"""From a :class:`TrainBatch` to optimizer steps: the GRPO surrogate on own rows, off-policy
-policy gradients on peer rows (``prp``, ``guide``) and likelihood on rescue rows (``sgt``).
+"""From a :class:`TrainBatch` to optimizer steps: every row kind trained by the loss term its step
+declared, summed, in the optimizer step the kind asks for.
 
-The PPO reference of own rows is the trainer's own forward before the first optimizer step (as
-TRL does), so the ratio is exactly 1 at the first iteration whatever the sampler did (``top_p``,
-another engine, float rounding). The sampler's log-probs serve two purposes only: the logged
-sampler/trainer mismatch and, when asked for, the truncated importance correction of it.
+The update knows no strategy: a batch carries its row kinds (:attr:`TrainBatch.kinds`), each
+bound to the registered loss term that trains it (:mod:`mutualrl.algorithms.losses`), its
+per-token weights and its optimizer phase. The policy's own phase takes ``num_iterations`` steps
+on the kinds that join it (the own rows, and whatever a step adds to the GRPO loss); a kind with
+a learning rate of its own trains afterwards in one AdamW step of its own (its phase). Within a
+phase one forward pass serves every row (they share prompts), each kind's term is reduced over
+counts of the whole batch (:class:`~mutualrl.algorithms.losses.BatchCounts`), and the terms are
+summed.
+
+The PPO reference of on-policy rows is the trainer's own forward before the first optimizer step
+(as TRL does), so the ratio is exactly 1 at the first iteration whatever the sampler did
+(``top_p``, another engine, float rounding). The sampler's log-probs serve two purposes only: the
+logged sampler/trainer mismatch and, when asked for, the truncated importance correction of it.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import torch
 
-from mutualrl.algorithms.grpo import grpo_loss, sequence_nll
+from mutualrl.algorithms.losses import BatchCounts, TermInputs, reduce
+from mutualrl.algorithms.registry import OWN, POLICY_PHASE, BoundKind
 from mutualrl.algorithms.sharing import TrainBatch, TrainRow
 from mutualrl.policy import Policy, pack_right, right_mask
-
-RL_KINDS = ("own", "peer", "guide")
-"""Row kinds trained by the policy gradient (the others are likelihood rows)."""
-OFF_POLICY_KINDS = ("peer", "guide")
-
-
-def chunk_weights(rows: list[TrainRow], cur_logp: torch.Tensor, width: int, clip: float
-                  ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Per-token truncated importance weights of PRP rows from THL chunk log-ratios (1 elsewhere)."""
-    w = torch.ones_like(cur_logp)
-    ratios: list[float] = []
-    peer_idx = [i for i, row in enumerate(rows) if row.kind == "peer" and row.peer_chunks]
-    # one device-to-host copy of the peer rows, then plain Python sums per chunk
-    cur_rows = cur_logp[peer_idx].detach().double().tolist() if peer_idx else []
-    for i, cur in zip(peer_idx, cur_rows, strict=True):
-        row = rows[i]
-        off = width - len(row.completion_ids)
-        w_row = [1.0] * width
-        for a, b, peer_sum in row.peer_chunks or ():
-            lr = math.fsum(cur[off + a:off + b]) - peer_sum
-            r = math.exp(min(lr, 50.0))
-            ratios.append(r)
-            w_row[off + a:off + b] = [min(r, clip)] * (b - a)
-        w[i] = torch.tensor(w_row, dtype=w.dtype, device=w.device)
-    stats: dict[str, float] = {}
-    if ratios:
-        t = torch.tensor(ratios, dtype=torch.float64)
-        trunc = t.clamp(max=clip)
-        stats = {"prp_ratio_mean": float(t.mean()), "prp_ratio_max": float(t.max()),
-                 "prp_ratio_truncated_frac": float((t > clip).double().mean()),
-                 "prp_ess_frac": float(trunc.sum() ** 2 / (trunc.pow(2).sum() * len(ratios)).clamp(min=1e-12))}
-    return w, stats
-
-
-def shaping_weights(cur_logp: torch.Tensor, gamma: float) -> torch.Tensor:
-    """LUFFY's policy shaping as a per-token weight on ``grad log p``: the gradient of
-    ``f(p) = p / (p + gamma)`` is ``gamma * p / (p + gamma)**2 * grad log p``; ``gamma = 0`` gives 1."""
-    if gamma <= 0:
-        return torch.ones_like(cur_logp)
-    p = cur_logp.detach().exp()
-    return gamma * p / (p + gamma) ** 2
 
 
 def mismatch_stats(logp: torch.Tensor, behavior: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -70,138 +38,123 @@ def mismatch_stats(logp: torch.Tensor, behavior: torch.Tensor, mask: torch.Tenso
             "logprob_ratio_outside_frac": float(((ratio < 0.9) | (ratio > 1.1)).float().mean())}
 
 
-@dataclass
-class _RLTensors:
-    """The policy-gradient rows of a batch as right-aligned tensors."""
-
-    mask: torch.Tensor
-    advantages: torch.Tensor
-    row_weight: torch.Tensor
-    offpolicy: torch.Tensor
-    behavior: torch.Tensor
-    """The sampler's log-probs of own rows (0 on off-policy rows)."""
-    guide: torch.Tensor
-    """``[B]`` rows that are ``guide`` rows."""
-
-    @classmethod
-    def build(cls, rows: list[TrainRow], width: int, device: torch.device) -> _RLTensors:
-        mask = right_mask([len(r.completion_ids) for r in rows], width).to(device)
-
-        def flags(kinds: tuple[str, ...]) -> torch.Tensor:
-            return torch.tensor([r.kind in kinds for r in rows], device=device)
-
-        return cls(mask, torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=device),
-                   torch.tensor([r.weight for r in rows], dtype=torch.float32, device=device),
-                   flags(OFF_POLICY_KINDS),
-                   pack_right([r.old_logprobs if r.old_logprobs is not None else [0.0] * len(r.completion_ids)
-                               for r in rows], width).to(device),
-                   flags(("guide",)))
-
-    @property
-    def own_mask(self) -> torch.Tensor:
-        return self.mask & ~self.offpolicy.unsqueeze(1)
+def batch_counts(batch: TrainBatch, num_generations: int = 1) -> BatchCounts:
+    """The reductions' denominators over ``batch``: its policy-gradient rows and their tokens, and its
+    prompts (``batch.n_prompts``, else the rows over ``num_generations``; a data-parallel rank sums
+    these over the ranks of its policy)."""
+    pg = [r for r in batch.rows if batch.kinds[r.kind].term.reduction == "policy_gradient"]
+    return BatchCounts(len(pg), sum(len(r.completion_ids) for r in pg),
+                       batch.n_prompts or max(1, len(pg) // max(1, num_generations)))
 
 
-def _rescue_loss(rescue: list[TrainRow], lp: torch.Tensor, width: int, n_prompts: int,
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """lambda-weighted, length-normalised NLL of the rescue rows, summed, over the step's prompts."""
-    mask = right_mask([len(r.completion_ids) for r in rescue], width).to(device)
-    nll = sequence_nll(lp, mask)
-    lam = torch.tensor([r.weight for r in rescue], device=device)
-    return (lam * nll).sum() / max(1, n_prompts), nll
+def _stat_key(kind: str, key: str) -> str:
+    """The own rows' statistics keep their plain names (``clip_frac``); other kinds' carry the kind
+    (``<kind>_nll``)."""
+    return key if kind == OWN else f"{kind}_{key}"
 
 
-def _policy_steps(policy: Policy, rl: list[TrainRow], rescue: list[TrainRow], n_prompts: int, *,
-                  prp_ratio_clip: float, is_cap: float | None, shaping_gamma: float) -> dict[str, float]:
-    """``num_iterations`` optimizer steps on the policy-gradient rows plus any rescue rows joined
-    to them (one forward pass for both: they share prompts)."""
+class _Part:
+    """The rows of one kind within a phase, as tensors (the slice of the phase's forward pass)."""
+
+    def __init__(self, kind: BoundKind, rows: list[TrainRow], start: int, width: int, device: torch.device) -> None:
+        self.kind, self.rows, self.sl = kind, rows, slice(start, start + len(rows))
+        self.mask = right_mask([len(r.completion_ids) for r in rows], width).to(device)
+        self.advantages = torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=device)
+        self.row_weight = torch.tensor([r.weight for r in rows], dtype=torch.float32, device=device)
+        on_policy = all(r.old_logprobs is not None for r in rows)
+        self.behavior = pack_right([r.old_logprobs for r in rows], width).to(device) if on_policy else None  # type: ignore[misc]
+        self.old: torch.Tensor | None = None
+        self.ref: torch.Tensor | None = None
+        self.correction: torch.Tensor | None = None
+
+
+def _phase_steps(policy: Policy, phase: str, parts_rows: Sequence[tuple[BoundKind, list[TrainRow]]],
+                 counts: BatchCounts, iterations: int, is_cap: float | None) -> dict[str, float]:
+    """``iterations`` optimizer steps of ``phase`` on its rows (one forward pass per step for all)."""
     opts, dev = policy.options, policy.device
-    rows = rl + rescue
+    rows = [r for _, rs in parts_rows for r in rs]
     width = max(max(len(r.completion_ids) for r in rows), 1)
-    t = _RLTensors.build(rl, width, dev) if rl else None
-    ref = None
-    if t is not None and opts.beta > 0:
-        ref = policy.logprobs([r.prompt_ids for r in rl], [r.completion_ids for r in rl], width, reference=True)
-    old: torch.Tensor | None = None
-    tok_w: torch.Tensor | None = None
+    parts, start = [], 0
+    for kind, rs in parts_rows:
+        parts.append(_Part(kind, rs, start, width, dev))
+        start += len(rs)
+    for p in parts:
+        if p.kind.term.uses_kl and opts.beta > 0:
+            p.ref = policy.logprobs([r.prompt_ids for r in p.rows], [r.completion_ids for r in p.rows], width,
+                                    reference=True)
+    optimizer = policy.optimizer_for(phase)
+    prefix = "" if phase == POLICY_PHASE else f"{phase}_"
     stats: dict[str, float] = {}
-    for it in range(opts.num_iterations):
-        policy.optimizer.zero_grad(set_to_none=True)
+    steps = 0
+    for it in range(iterations):
+        optimizer.zero_grad(set_to_none=True)
         lp_all = policy.logprobs([r.prompt_ids for r in rows], [r.completion_ids for r in rows], width)
         total = torch.zeros((), device=dev)
-        if t is not None:
-            logp = lp_all[:len(rl)]
+        pg_total = torch.zeros((), device=dev)
+        for p in parts:
+            logp = lp_all[p.sl]
             cur = logp.detach()
-            if it == 0:  # before any step here: the trainer's own log-probs are the PPO reference
-                old = cur
-                stats.update(mismatch_stats(cur, t.behavior, t.own_mask))
-                if is_cap is not None:  # the sampler's weight against the trainer's reference
-                    own = t.own_mask
-                    tok_w = torch.where(own, torch.exp(cur - t.behavior).clamp(max=is_cap), torch.ones_like(cur))
-                    stats["is_weight_mean"] = float(tok_w[own].mean()) if bool(own.any()) else 1.0
-            # off-policy weights from this pass's log-probs (the policy moved since the last pass)
-            is_w, prp_stats = chunk_weights(rl, cur, width, prp_ratio_clip)
-            if bool(t.guide.any()):
-                is_w = torch.where(t.guide.unsqueeze(1), shaping_weights(cur, shaping_gamma), is_w)
+            if it == 0 and p.kind.term.needs_reference:  # before any step here: the trainer's own reference
+                p.old = cur
+                if p.behavior is not None:
+                    stats.update(mismatch_stats(cur, p.behavior, p.mask))
+                    if is_cap is not None:  # the sampler's weight against the trainer's reference
+                        p.correction = torch.where(p.mask, torch.exp(cur - p.behavior).clamp(max=is_cap),
+                                                   torch.ones_like(cur))
+                        stats["is_weight_mean"] = float(p.correction[p.mask].mean()) if bool(p.mask.any()) else 1.0
+            weights, w_stats = p.kind.token_weights(p.rows, cur, width)  # from this pass: the policy moved
             if it == 0:
-                stats.update(prp_stats)
-            assert old is not None
-            out = grpo_loss(logp, old, t.advantages, t.mask, epsilon=opts.epsilon, epsilon_high=opts.epsilon_high,
-                            beta=opts.beta, ref_logp=ref, loss_type=opts.loss_type,
-                            max_completion_length=opts.max_completion_length, is_weight=is_w,
-                            offpolicy=t.offpolicy, row_weight=t.row_weight, token_weight=tok_w)
-            total = total + out.loss
-            stats.update(out.stats)
-            stats["pg_loss"] = float(out.loss.detach())
-        if rescue:
-            sgt, nll = _rescue_loss(rescue, lp_all[len(rl):], width, n_prompts, dev)
-            total = total + sgt
-            stats["sgt_nll"] = float(nll.detach().mean())
+                stats.update(w_stats)
+            term = p.kind.term
+            per_token, t_stats = term.fn(TermInputs(logp, p.mask, p.advantages, p.row_weight, opts, old_logp=p.old,
+                                                    ref_logp=p.ref, token_weight=weights if weights is not None
+                                                    else p.correction))
+            share = reduce(per_token, p.mask, term.reduction, counts, opts)
+            total = total + share
+            if term.reduction == "policy_gradient":
+                pg_total = pg_total + share.detach()
+            stats.update({_stat_key(p.kind.name, k): v for k, v in t_stats.items()})
         if not total.requires_grad:
             break
         total.backward()
-        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), opts.max_grad_norm))
-        policy.optimizer.step()
-        stats["loss"] = float(total.detach())
+        stats[prefix + "grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(),
+                                                                           opts.max_grad_norm))
+        optimizer.step()
+        steps += 1
+        stats[prefix + "loss"] = float(total.detach())
+        if any(p.kind.term.reduction == "policy_gradient" for p in parts):
+            stats[prefix + "pg_loss"] = float(pg_total)
+    stats[prefix + "optimizer_steps"] = steps
     return stats
 
 
-def _rescue_step(policy: Policy, rescue: list[TrainRow], lr: float, n_prompts: int) -> dict[str, float]:
-    """One step of the rescue optimizer (AdamW at ``lr``) on the rescue rows alone."""
-    opt = policy.enable_rescue_optimizer(lr)
-    opt.zero_grad(set_to_none=True)
-    width = max(len(r.completion_ids) for r in rescue)
-    lp = policy.logprobs([r.prompt_ids for r in rescue], [r.completion_ids for r in rescue], width)
-    sgt, nll = _rescue_loss(rescue, lp, width, n_prompts, policy.device)
-    sgt.backward()
-    torch.nn.utils.clip_grad_norm_(policy.model.parameters(), policy.options.max_grad_norm)
-    opt.step()
-    return {"sgt_nll": float(nll.detach().mean()), "sgt_loss": float(sgt.detach())}
+def train_on_batch(policy: Policy, batch: TrainBatch, *, is_cap: float | None = None,
+                   counts: BatchCounts | None = None) -> dict[str, float]:
+    """Train on ``batch``: the policy's phase (``num_iterations`` optimizer steps), then each phase of
+    its own a row kind asks for (one step each); the loss statistics.
 
-
-def train_on_batch(policy: Policy, batch: TrainBatch, *, prp_ratio_clip: float = 1.0,
-                   rescue_lr: float | None = None, is_cap: float | None = None,
-                   shaping_gamma: float = 0.0) -> dict[str, float]:
-    """Run ``num_iterations`` optimizer steps on ``batch``; return loss statistics.
-
-    Rescue rows (SGT) join the policy-gradient steps' loss, or, with ``rescue_lr``, get an
-    optimizer step of their own afterwards (``policy.rescue_optimizer``). With ``is_cap`` each own
-    token's loss is weighted by the truncated importance weight ``min(exp(trainer - sampler),
-    is_cap)`` of the sampler/trainer mismatch (as TRL and verl offer for vLLM). ``shaping_gamma``
-    shapes ``guide`` rows (LUFFY).
+    With ``is_cap`` each on-policy token's loss is weighted by the truncated importance weight
+    ``min(exp(trainer - sampler), is_cap)`` of the sampler/trainer mismatch (as TRL and verl offer
+    for vLLM). ``counts``: the reductions' denominators, when the batch is one rank's part of a
+    larger one (default: this batch's own, :func:`batch_counts`).
     """
-    rl = [r for r in batch.rows if r.kind in RL_KINDS]
-    rescue = [r for r in batch.rows if r.kind == "rescue"]
-    if not rl and not rescue:
-        return {"loss": 0.0}
-    n_prompts = batch.n_prompts or max(1, len(rl) // max(1, policy.options.num_generations))
-    separate = rescue_lr is not None and bool(rescue)
+    counts = counts or batch_counts(batch, policy.options.num_generations)
+    phases: dict[str, list[tuple[BoundKind, list[TrainRow]]]] = {}
+    for name, kind in batch.kinds.items():
+        rows = [r for r in batch.rows if r.kind == name]
+        if rows:
+            phases.setdefault(kind.phase, []).append((kind, rows))
+    if not phases:
+        return {"loss": 0.0, "optimizer_steps": 0}
     policy.model.train()
-    stats: dict[str, float] = {}
-    if rl or not separate:
-        stats.update(_policy_steps(policy, rl, [] if separate else rescue, n_prompts, prp_ratio_clip=prp_ratio_clip,
-                                   is_cap=is_cap, shaping_gamma=shaping_gamma))
-    if separate:
-        assert rescue_lr is not None
-        stats.update(_rescue_step(policy, rescue, rescue_lr, n_prompts))
+    stats: dict[str, float] = {"optimizer_steps": 0}
+    order = sorted(phases, key=lambda ph: ph != POLICY_PHASE)  # the policy's step first
+    total_steps = 0
+    for phase in order:
+        iterations = policy.options.num_iterations if phase == POLICY_PHASE else 1
+        out = _phase_steps(policy, phase, phases[phase], counts, iterations, is_cap)
+        prefix = "" if phase == POLICY_PHASE else f"{phase}_"
+        total_steps += int(out.pop(prefix + "optimizer_steps"))
+        stats.update(out)
+    stats["optimizer_steps"] = total_steps
     return stats

@@ -69,8 +69,9 @@ def predict_step(cfg: RunConfig, index: int, params: int, prompt_tokens: float =
     g = cfg.policy_grpo(index)
     k = len(cfg.policies)
     n_seq = float(cfg.prompts_per_step * g.num_generations)
-    if parse_strategy(cfg.sharing.strategy).trains_peer_rollouts and k > 1:
-        n_seq += cfg.prompts_per_step * min(cfg.sharing.prp_max_peer_per_prompt, g.num_generations * (k - 1))
+    peer = parse_strategy(cfg.sharing.strategy).peer_rollouts_per_prompt(cfg.sharing)
+    if peer and k > 1:
+        n_seq += cfg.prompts_per_step * min(peer, g.num_generations * (k - 1))
     roll = rollout_flops(params, cfg.prompts_per_step, g.num_generations, prompt_tokens, g.max_completion_length)
     upd = update_flops(params, n_seq, prompt_tokens + g.max_completion_length, g.num_iterations, g.beta)
     return PhaseCost(roll, upd)

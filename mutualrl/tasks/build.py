@@ -14,9 +14,10 @@ if TYPE_CHECKING:
     from mutualrl.config import DatasetConfig, TaskConfig
 
 
-def build_task(t: TaskConfig, sources: list[Source] | None = None) -> Task:
+def build_task(t: TaskConfig, sources: list[Source] | None = None, *, run_seed: int | None = None) -> Task:
     """The :class:`Task` that ``t`` describes (a ``task:`` section of a run config); ``sources``:
-    its datasets' sources when the caller built them already.
+    its datasets' sources when the caller built them already; ``run_seed``: the run's seed, the
+    prompt stream's when ``t.prompt_seed`` is not set (without either: ``t.seed``).
 
     ``preset: zoo`` replaces only the datasets (the zoo's addition + subtraction); answer
     extraction, the reward mode and extra reward functions still apply.
@@ -31,7 +32,8 @@ def build_task(t: TaskConfig, sources: list[Source] | None = None) -> Task:
     return Task(sources, weights, test_size=t.test_size, train_size=t.train_size, seed=t.seed,
                 answer_extraction=t.answer_extraction,
                 reward_functions=[load_reward_function(p) for p in t.reward_functions],
-                reward_timeout_s=t.reward_timeout_s, reward=t.reward)
+                reward_timeout_s=t.reward_timeout_s, reward=t.reward, val_size=t.val_size,
+                prompt_seed=t.prompt_seed if t.prompt_seed is not None else run_seed)
 
 
 def build_source(d: DatasetConfig) -> Source:
@@ -48,9 +50,11 @@ def build_source(d: DatasetConfig) -> Source:
                          test_fraction=d.test_fraction)
 
 
-def eval_problems(task: Task, n: int) -> list[Problem]:
-    """The first test problems of each source in proportion to its weight (``n`` in total)."""
+def eval_problems(task: Task, n: int, split: str = "test") -> list[Problem]:
+    """The first problems of ``split`` (``test`` or ``val``) of each source in proportion to its
+    weight (``n`` in total)."""
+    pools = task.split(split)
     out: list[Problem] = []
     for src, w in zip(task.source_names, task.weights, strict=True):
-        out.extend(task.test[src][: max(1, round(n * w))])
+        out.extend(pools[src][: max(1, round(n * w))])
     return out

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mutualrl.tasks.base import Problem, extract_answer, problem_id
+from mutualrl.tasks.gold_check import known_format_of
 from mutualrl.tasks.verify import Verifier, make_verifier
 
 QUESTION_COLUMNS = ("question", "prompt", "problem", "messages")
@@ -100,8 +101,6 @@ class RowSource:
             self._add(rows, None)
         total = len(rows) + len(test_rows or ())
         if self.unreadable_gold > MAX_UNREADABLE_GOLD * total:
-            from mutualrl.tasks.gold_check import known_format_of
-
             what = f"the {verifier} verifier cannot read {self.unreadable_gold} of {total} gold answers of column " \
                    f"{self.answer_field!r} (extractor {answer_extractor!r}, e.g. {self._bad_example!r})"
             fmt = known_format_of([raw for raw, _ in self.gold_texts])

@@ -33,7 +33,7 @@ from mutualrl.zoo.parallel import build_in_processes
 from mutualrl.zoo.sft import band_failure, check_task_size, sft
 from mutualrl.zoo.shipped import shipped_key, verified_dir
 from mutualrl.zoo.specs import DEFAULT_NAMES, ZOO, ZOO_VERSION, ZooSpec, check_names
-from mutualrl.zoo.task import PROMPT_TEMPLATE, default_task, format_prompt
+from mutualrl.zoo.task import PROMPT_TEMPLATE, SPLIT_SEED, build_task_for_seed, format_prompt
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -59,6 +59,13 @@ def is_shipped(name: str, seed: int = 0, spec: ZooSpec | None = None, task: Any 
             and shipped_key(name) == spec.cache_key(seed, task_key(task)))
 
 
+def _zoo_task_key(seed: int) -> str:
+    """The cache key part of the zoo task for build ``seed``: empty for seed 0 (the shipped builds'
+    key), else a mark that the build trained on the fixed seed-0 splits (:data:`SPLIT_SEED`): builds
+    of other seeds from before that fix trained on their own seed's splits and are not reused."""
+    return "" if seed == SPLIT_SEED else f"splits{SPLIT_SEED}"
+
+
 def _data_hash(source: Any) -> str:
     """A file source's data by content (where the file lies does not change the task), else ''."""
     path = getattr(source, "path", None)
@@ -76,7 +83,7 @@ def policy_dir(name: str, seed: int = 0, cache_dir: str | os.PathLike[str] | Non
         spec = ZOO[name]
     if shipped and is_shipped(name, seed, spec, task):
         return verified_dir(name)
-    return cache_root(cache_dir) / spec.cache_key(seed, task_key(task)) / name
+    return cache_root(cache_dir) / spec.cache_key(seed, task_key(task) if task is not None else _zoo_task_key(seed)) / name
 
 
 def is_built(path: Path) -> bool:
@@ -221,7 +228,7 @@ def build_zoo(names: Sequence[str] | None = None, seed: int = 0, cache_dir: str 
             build_in_processes([(table[n], dirs[n]) for n in todo[i:i + n_jobs]], seed, threads=threads or 1,
                                progress=progress, task_section=task_section)
         return dirs
-    build_task = task if task is not None else default_task(seed)
+    build_task = task if task is not None else build_task_for_seed(seed)
     before = torch.get_num_threads()
     torch.set_num_threads(threads or 1)
     try:

@@ -25,7 +25,7 @@ from mutualrl.tasks.build import build_task
 from mutualrl.zoo.build import build_with_progress
 from mutualrl.zoo.sft import ZooBandError
 from mutualrl.zoo.specs import ZooSpec
-from mutualrl.zoo.task import default_task
+from mutualrl.zoo.task import build_task_for_seed
 
 PARENT_CHECK_S = 1.0
 """How often the child checks that its parent is still there."""
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit_when_orphaned(args.parent if args.parent is not None else os.getppid())
     torch.set_num_threads(args.threads)
     spec = ZooSpec.from_dict(json.loads(args.spec))
-    task = default_task(args.seed) if args.task is None else build_task(resolve_task(json.loads(args.task)))
+    task = build_task_for_seed(args.seed) if args.task is None else build_task(resolve_task(json.loads(args.task)))
     try:
         build_with_progress(spec, args.seed, task, args.target, progress=not args.quiet, stream=sys.stdout)
     except ZooBandError as exc:

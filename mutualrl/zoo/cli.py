@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from mutualrl.errors import ConfigError, UserError
+from mutualrl.resolve import resolve_task
 from mutualrl.tasks.build import build_task
 from mutualrl.zoo.build import build_zoo, is_built, is_shipped, load_card, policy_dir
 from mutualrl.zoo.sft import TooFewProblems, check_task_size
@@ -30,9 +31,6 @@ start: a generalist phase until every skill reaches generalist_target (the defau
 def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec], dict[str, Any]]:
     """The task, the zoo specs and the ``task:`` section a ``zoo build --task FILE`` asks for
     (``UserError`` if invalid)."""
-
-    from mutualrl.resolve import resolve_task
-
     p = Path(path)
     if not p.is_file():
         raise UserError(f"--task: file {str(p)!r} does not exist")

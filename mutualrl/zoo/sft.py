@@ -24,7 +24,7 @@ the seed and the thread count.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,14 +161,24 @@ def _steer(mixture: dict[str, float], above: list[str], below: list[str]) -> dic
         floored |= low
 
 
+def warm_start_split(task: Any, types: Iterable[str]) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    """(the problems a warm start trains on, those it validates on) per type of ``task``: of each
+    type's training list, the last :data:`VAL_SIZE` are validation, the rest training. A run on the
+    same task with ``task.val_size`` = ``VAL_SIZE`` x the number of types (equal weights) holds out
+    the same validation problems, and the test split is never in either."""
+    names = list(types)
+    train = {k: task.train[k][: max(1, len(task.train[k]) - VAL_SIZE)] for k in names}
+    return train, {k: task.train[k][-VAL_SIZE:] for k in names}
+
+
 class _Steps:
     """The warm start's optimizer steps: AdamW with a linear warm-up, then a constant learning rate;
     each batch drawn from the per-type example pools by a mixture."""
 
     def __init__(self, model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int) -> None:
         self.model, self.tokenizer, self.spec = model, tokenizer, spec
-        self.pools = {k: encode_examples(tokenizer, task.train[k][: max(1, len(task.train[k]) - VAL_SIZE)])
-                      for k in spec.bands}
+        self.pools = {k: encode_examples(tokenizer, problems)
+                      for k, problems in warm_start_split(task, spec.bands)[0].items()}
         self.gen = torch.Generator().manual_seed(seed)
         self.opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=spec.weight_decay)
         self.done = 0
@@ -207,7 +217,7 @@ def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
     with a validation check, else None). ``spec.sft_max_steps`` caps the banded phase's steps.
     """
     spec.check(list(task.train))
-    val = {k: task.train[k][-VAL_SIZE:] for k in spec.bands}
+    val = warm_start_split(task, spec.bands)[1]
     steps = _Steps(model, tokenizer, task, spec, seed)
     res = SFTResult()
     if spec.generalist_target > 0:

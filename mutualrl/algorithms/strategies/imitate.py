@@ -1,5 +1,6 @@
 """``imitate``: success imitation with peers: a supervised step on a mixture of the peers' verified
-successes where the learner failed and its own where it succeeded.
+successes where the learner failed and its own where it succeeded; ``self_imitate``, its control
+without peers.
 
 SGT's rescue rows are peer successes alone: a supervised step on them alone pulls the learner
 towards the skill it lacks and away from the one it has (on the zoo the partner lost 5-14 points of
@@ -10,14 +11,22 @@ completion (self-imitation learning, Oh et al. 2018): the step then sees both sk
 proportion the learner meets them, like the warm start's mixture, and the own skill is rehearsed
 instead of overwritten. With ``replay_steps`` it also replays peer successes for prompts the
 learner failed in the last steps (read back from the exchange: no extra rollouts). Rows are
-weighted by ``sgt_lambda`` and trained in the rescue optimizer (``sgt_learning_rate``) when one is
-set; the peer rows are capped at ``sgt_max_per_step``, the own rows are one per solved prompt.
+weighted by ``weight`` (peer rows by ``peer_weight`` when set) and trained in an optimizer step of
+their own at ``learning_rate`` when one is set; the peer rows are capped at ``max_rows``, the own
+rows are one per solved prompt.
+
+``self_imitate`` is the same step without a peer: its own-success rows alone, and with
+``extra_rows`` up to that many more of the learner's own verified successes of earlier steps
+(newest first, read back from the exchange), so that it can train as many rows as ``imitate``
+does: the compute-matched single-model control (same optimizer steps, same tokens).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
+from mutualrl.algorithms.registry import RowKind
 from mutualrl.algorithms.sharing import (
     ShareContext,
     TrainBatch,
@@ -26,44 +35,100 @@ from mutualrl.algorithms.sharing import (
     register_strategy,
     verified_successes,
 )
+from mutualrl.schema import bounded
+
+IMITATE = "imitate"
+"""The row kind of imitate's likelihood rows (peer successes and the learner's own)."""
+SELF_IMITATE = "self_imitate"
+"""The row kind of self_imitate's likelihood rows (the learner's own successes)."""
 
 
-@register_strategy("imitate", reads=("verified_success",), conflicts=("sgt",), replays=True)
-def imitate(ctx: ShareContext, batch: TrainBatch) -> None:
+@dataclass
+class ImitateSettings:
+    """``sharing.imitate``: success imitation with peers."""
+
+    weight: float = bounded(0.1, ge=0)
+    """Weight of each row's length-normalised likelihood term."""
+    peer_weight: float | None = bounded(None, ge=0)
+    """Weight of the peers' rows (none: ``weight``)."""
+    max_rows: int = bounded(16, ge=0)
+    """Peer rows per step, at most (the own rows are one per solved prompt)."""
+    learning_rate: float | None = bounded(None, gt=0)
+    """The rows' own AdamW step at this learning rate, after the GRPO step; none: they join it."""
+    replay_steps: int = bounded(0, ge=0)
+    """Also replay peers' verified successes for prompts the learner failed in the last this many
+    steps (the exchange keeps them; no extra rollouts)."""
+
+
+@dataclass
+class SelfImitateSettings:
+    """``sharing.self_imitate``: self-imitation, the control of ``imitate`` without peers."""
+
+    weight: float = bounded(0.1, ge=0)
+    """Weight of each row's length-normalised likelihood term."""
+    learning_rate: float | None = bounded(None, gt=0)
+    """The rows' own AdamW step at this learning rate, after the GRPO step; none: they join it."""
+    extra_rows: int = bounded(0, ge=0)
+    """Up to this many more own verified successes per step, of prompts of the last
+    ``replay_steps`` steps (newest first): the compute-matched control of ``imitate``."""
+    replay_steps: int = bounded(0, ge=0)
+    """How many earlier steps ``extra_rows`` may come from."""
+
+
+@register_strategy("imitate", settings=ImitateSettings,
+                   rows={IMITATE: RowKind("likelihood", learning_rate=lambda s: s.learning_rate)},
+                   reads=("verified_success",), conflicts=("sgt",), replay_steps=lambda s: s.replay_steps)
+def imitate(ctx: ShareContext, batch: TrainBatch, s: ImitateSettings) -> None:
     """Success imitation: peer successes where the learner failed, its own where it succeeded."""
-    s = ctx.sharing
     tally: Counter[str] = Counter()
-    own_rows = [row for g in ctx.groups if (row := own_success_row(g, s.sgt_lambda)) is not None]
+    own_rows = [row for g in ctx.groups if (row := own_success_row(g, s.weight, IMITATE)) is not None]
     failed = [(g.problem, g.prompt_ids, ctx.peers.successes.get(g.problem.id, [])) for g in ctx.groups if g.failed]
     candidates = failed + [(h.problem, h.prompt_ids, h.successes) for h in ctx.history]
+    peer_weight = s.weight if s.peer_weight is None else s.peer_weight
     seen: set[str] = set()
     rescue = replayed = 0
     for k, (problem, prompt_ids, successes) in enumerate(candidates):
-        if rescue >= s.sgt_max_per_step:
+        if rescue >= s.max_rows:
             break
         if problem.id in seen:
             continue
         found = next(verified_successes(ctx, problem, prompt_ids, successes, tally), None)
         if found is None:
             continue
-        batch.rows.append(TrainRow(prompt_ids, found[0], 0.0, None, "rescue", None, s.sgt_lambda))
+        batch.rows.append(TrainRow(prompt_ids, found[0], 0.0, None, IMITATE, None, peer_weight))
         batch.peer_rows[found[2]] += 1
         seen.add(problem.id)
         rescue += 1
         replayed += k >= len(failed)
     batch.rows.extend(own_rows)
-    batch.metrics["sgt_gate_open"] = len(failed)
-    batch.metrics["sgt_rescue"] = rescue
+    batch.metrics["imitate_gate_open"] = len(failed)
+    batch.metrics["imitate_rescue"] = rescue
     batch.metrics["imitate_own"] = len(own_rows)
     batch.metrics["imitate_replayed"] = replayed
-    batch.metrics["sgt_refused"] = tally["refused"]
-    batch.metrics["sgt_unrepresentable"] = tally["unrepresentable"]
+    batch.metrics["imitate_refused"] = tally["refused"]
+    batch.metrics["imitate_unrepresentable"] = tally["unrepresentable"]
 
 
-@register_strategy("self_imitate", conflicts=("sgt", "imitate"))
-def self_imitate(ctx: ShareContext, batch: TrainBatch) -> None:
+@register_strategy("self_imitate", settings=SelfImitateSettings,
+                   rows={SELF_IMITATE: RowKind("likelihood", learning_rate=lambda s: s.learning_rate)},
+                   conflicts=("sgt", "imitate"), replay_steps=lambda s: s.replay_steps if s.extra_rows else 0)
+def self_imitate(ctx: ShareContext, batch: TrainBatch, s: SelfImitateSettings) -> None:
     """The control of ``imitate``: its own-success rows alone, no peer row (what self-imitation gives
-    without sharing)."""
-    rows = [row for g in ctx.groups if (row := own_success_row(g, ctx.sharing.sgt_lambda)) is not None]
+    without sharing); with ``extra_rows``, own successes of earlier steps besides."""
+    rows = [row for g in ctx.groups if (row := own_success_row(g, s.weight, SELF_IMITATE)) is not None]
     batch.rows.extend(rows)
+    step_ids = {g.problem.id for g in ctx.groups}
+    extra = 0
+    for past in ctx.own_history:
+        if extra >= s.extra_rows:
+            break
+        if past.problem.id in step_ids:
+            continue
+        ids = ctx.encode_completion(past.prompt_ids, past.completion)
+        if ids is None:
+            continue
+        batch.rows.append(TrainRow(past.prompt_ids, ids, 0.0, None, SELF_IMITATE, None, s.weight))
+        step_ids.add(past.problem.id)
+        extra += 1
     batch.metrics["imitate_own"] = len(rows)
+    batch.metrics["self_imitate_extra"] = extra

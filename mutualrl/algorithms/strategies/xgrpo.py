@@ -7,17 +7,11 @@ false one) cannot move the learner's baseline.
 
 from __future__ import annotations
 
-from mutualrl.algorithms.grpo import pooled_advantages
-from mutualrl.algorithms.sharing import (
-    ShareContext,
-    TrainBatch,
-    batch_std,
-    own_rows_by_prompt,
-    register_strategy,
-)
+from mutualrl.algorithms.registry import OWN_GROUPS, POOLED_ADVANTAGES
+from mutualrl.algorithms.sharing import ShareContext, TrainBatch, pool_with_peers, register_strategy
 
 
-@register_strategy("xgrpo", reads=("rollout",), pools_advantages=True)
+@register_strategy("xgrpo", reads=("rollout",), needs=(OWN_GROUPS,), provides=(POOLED_ADVANTAGES,))
 def xgrpo(ctx: ShareContext, batch: TrainBatch) -> None:
     """Cross-policy GRPO: advantages of own samples against the pooled group of all policies."""
     peer_rewards: list[list[float]] = []
@@ -26,15 +20,6 @@ def xgrpo(ctx: ShareContext, batch: TrainBatch) -> None:
         batch.peer_rows.update(r.source_policy for r in rows)
         texts = [r.completion for r in rows]
         peer_rewards.append(ctx.score([g.problem] * len(texts), texts)[0] if texts else [])
-    # the batch scale, like the baseline, is over every policy's rewards (own-only could be 0)
-    bstd = batch_std(ctx, [r for rs in peer_rewards for r in rs])
-    pooled_prompts = 0
-    for g, rows, peers in zip(ctx.groups, own_rows_by_prompt(batch, ctx.groups), peer_rewards, strict=True):
-        if not peers:
-            continue
-        pooled_prompts += 1
-        adv = pooled_advantages(g.rewards, list(g.rewards) + peers, ctx.options.scale_rewards, bstd)
-        for row, a in zip(rows, adv, strict=True):
-            row.advantage = a
-    batch.metrics["xgrpo_pooled_prompts"] = pooled_prompts
+    pool_with_peers(ctx, batch, peer_rewards)
+    batch.metrics["xgrpo_pooled_prompts"] = sum(bool(p) for p in peer_rewards)
     batch.metrics["xgrpo_peer_rewards"] = sum(map(len, peer_rewards))

@@ -1,0 +1,64 @@
+"""The study protocol's plumbing: a validation split disjoint from train and test, a prompt stream
+that follows the run's seed on fixed splits, the test split read once, and warm starts that never
+saw a test or validation question."""
+
+from __future__ import annotations
+
+import pytest
+
+from mutualrl.config import TaskConfig
+from mutualrl.tasks.build import build_task, eval_problems
+from mutualrl.zoo.sft import warm_start_split
+from mutualrl.zoo.specs import ZOO
+from mutualrl.zoo.task import build_task_for_seed
+
+
+def _questions(pools) -> set[str]:
+    return {p.question for ps in pools.values() for p in ps}
+
+
+def test_validation_split_is_disjoint_and_the_prompt_stream_follows_the_run_seed():
+    t = TaskConfig(preset="zoo", test_size=100, train_size=2000, val_size=200)
+    a, b = build_task(t, run_seed=0), build_task(t, run_seed=1)
+    train, val, test = (_questions(a.split(s)) for s in ("train", "val", "test"))
+    assert len(val) == 200 and not (train & val) and not (train & test) and not (val & test)
+    # the splits depend on task.seed only; the prompts drawn per step on the run's seed
+    assert all(_questions(a.split(s)) == _questions(b.split(s)) for s in ("train", "val", "test"))
+    assert [p.id for p in a.sample_train(3, 16)] != [p.id for p in b.sample_train(3, 16)]
+    assert {p.question for p in a.sample_train(3, 64)} <= train
+    assert [p.id for p in build_task(TaskConfig(preset="zoo", test_size=100, train_size=2000, val_size=200,
+                                                prompt_seed=1),
+                                     run_seed=0).sample_train(3, 16)] == [p.id for p in b.sample_train(3, 16)]
+    assert {p.question for p in eval_problems(a, 50, "val")} <= val and len(eval_problems(a, 50, "val")) == 50
+    # without a validation split nothing changes: the run-seed-0 stream is the task seed's as before
+    plain = build_task(TaskConfig(preset="zoo", test_size=100, train_size=2000))
+    assert not plain.has_validation and plain.sample_train(2, 8) == build_task(
+        TaskConfig(preset="zoo", test_size=100, train_size=2000), run_seed=0).sample_train(2, 8)
+
+
+@pytest.mark.parametrize("build_seed", [0, 1, 3])
+def test_no_warm_start_trains_on_a_test_or_validation_question(build_seed):
+    """A zoo build of any seed warm-starts on training problems only: none is a test question or a
+    validation question of a run on the zoo task (whose splits are seed 0's)."""
+    run = build_task(TaskConfig(preset="zoo", test_size=1000, val_size=1000), run_seed=build_seed)
+    held_out = _questions(run.split("test")) | _questions(run.split("val"))
+    spec = ZOO["gpt2-add"]
+    sft_train, sft_val = warm_start_split(build_task_for_seed(build_seed), spec.bands)
+    assert not (_questions(sft_train) & held_out)
+    # and what the build validates on is the run's validation split
+    assert _questions(sft_val) == _questions(run.split("val"))
+
+
+def test_with_a_validation_split_the_test_split_is_read_once_at_the_end(tiny_config):
+    from mutualrl.trainer import MutualTrainer
+
+    cfg = dict(tiny_config, steps=4, eval_every=2, eval_size=20, checkpoint_every=100,
+               task={"preset": "zoo", "test_size": 20, "val_size": 20, "train_size": 400})
+    tr = MutualTrainer(cfg, None, progress=False)
+    summary = tr.train()
+    evals = [r for r in tr.history if r.get("event") == "eval"]
+    assert sorted({r["step"] for r in evals}) == [0, 2, 4]
+    assert all("val_acc" in r for r in evals)
+    assert [r["step"] for r in evals if "test_acc" in r] == [4, 4]  # once per policy, at the end
+    assert set(summary["policies"]["a"]) == {"val_acc_initial", "val_acc_final", "val_acc_best",
+                                             "test_acc_initial", "test_acc_final", "test_acc_best"}
