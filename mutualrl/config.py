@@ -320,6 +320,10 @@ class RunConfig:
     run_name: str | None = None
     """The tracked run's name (default: the run directory's name)."""
     output_dir: str | None = None
+    save_final_model: bool = False
+    """At the end of training, also export every policy's final model as a Hugging Face directory
+    (``RUN_DIR/final/<policy>``: what ``mutualrl export`` writes, model card included; LoRA policies
+    as peft adapters)."""
 
     def policy_grpo(self, index: int) -> GRPOOptions:
         """The effective GRPO options of policy ``index`` (run defaults + its overrides)."""

@@ -58,8 +58,9 @@ from mutualrl.tasks.rows import SourceFieldError
 from mutualrl.tracking import missing_package
 
 RESUMABLE: frozenset[str] = frozenset({"steps", "max_steps", "step_timeout_s", "tensorboard", "report_to",
-                                       "run_name"})
-"""Fields an override may change when a run resumes: how long it runs and how it reports. Anything
+                                       "run_name", "save_final_model"})
+"""Fields an override may change when a run resumes: how long it runs, how it reports and whether it
+exports its final models. Anything
 else would make the resumed steps differ from the ones an uninterrupted run computes."""
 
 

@@ -34,6 +34,7 @@ from mutualrl.checkpoint import (
 from mutualrl.config import RunConfig
 from mutualrl.errors import UserError
 from mutualrl.exchange.url import ExchangeURL
+from mutualrl.export import FINAL_DIR, Exported, export_run
 from mutualrl.paths import METRICS, POLICIES_INFO, RUN_CONFIG, SUMMARY
 from mutualrl.progress import StepProgress
 from mutualrl.resolve import RunPlan, resolve
@@ -98,6 +99,8 @@ class MutualTrainer:
     def _prepare_run_dir(self) -> None:
         d = self.run_dir
         if d is None:
+            if self.cfg.save_final_model:
+                raise UserError("save_final_model writes RUN_DIR/final/<policy>: give the run a directory")
             return
         if self.resume:
             if not (d / RUN_CONFIG).is_file() or not (d / CHECKPOINTS).is_dir():
@@ -161,6 +164,19 @@ class MutualTrainer:
 
         position = self.scheduler.call_one(0, WorkerAPI.exchange_position)
         return self.checkpoints.save(step, write_policies, {"exchange_position": int(position)})
+
+    def save_model(self, output_dir: str | Path | None = None, policy: str | Sequence[str] | None = None, *,
+                   merge_lora: bool = False, dtype: str = "float32") -> list[Exported]:
+        """Write trained policies as Hugging Face model directories ``output_dir/<policy>`` (TRL's name;
+        default ``RUN_DIR/export``): every policy, or the one (or those) named, from the run's newest
+        checkpoint, which after :meth:`train` holds the final weights. Each directory loads with
+        ``AutoModelForCausalLM.from_pretrained`` (LoRA policies: a peft adapter, or full weights with
+        ``merge_lora``) and carries a model card; existing ones are replaced. See :mod:`mutualrl.export`."""
+        if self.run_dir is None:
+            raise UserError("save_model exports the run's checkpoint: give MutualTrainer a run directory")
+        names = [policy] if isinstance(policy, str) else policy
+        return export_run(self.run_dir, output_dir, policies=names, merge_lora=merge_lora, dtype=dtype,
+                          overwrite=True)
 
     def _restore(self) -> None:
         assert self.run_dir is not None and self.checkpoints is not None
@@ -259,7 +275,10 @@ class MutualTrainer:
             self.scheduler.close()
             for t in self._trackers:
                 t.close()
-        return self.summary(time.perf_counter() - t_start)
+        summary = self.summary(time.perf_counter() - t_start)
+        if cfg.save_final_model and self.run_dir is not None:  # RUN_DIR/final/<policy>, from the final checkpoint
+            self.save_model(self.run_dir / FINAL_DIR)
+        return summary
 
     def _loop(self, t_start: float) -> None:
         with StepProgress(self.cfg.steps, self.start_step, enabled=self.progress,
