@@ -263,7 +263,10 @@ def export_run(run_dir: str | os.PathLike[str], output_dir: str | os.PathLike[st
         raise ExportError(f"{str(run_dir)!r} is not a mutualrl run directory (no {RUN_CONFIG})")
     if dtype not in DTYPES:
         raise ExportError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    cfg = run_config(run_dir)
+    try:
+        cfg = run_config(run_dir)
+    except UserError as exc:  # e.g. a field this code does not know: written by another mutualrl version
+        raise ExportError(f"{run_dir / RUN_CONFIG}: {exc}") from None
     names = [p.name for p in cfg.policies]
     wanted = list(dict.fromkeys(policies)) if policies else names
     unknown = [n for n in wanted if n not in names]

@@ -270,13 +270,19 @@ def _older_format(run: Path) -> str:
     return str(f)
 
 
+def _foreign_config(run: Path) -> str:
+    f = run / "config.yaml"
+    f.write_text(f.read_text() + "a_field_of_another_version: 1\n")
+    return str(f)
+
+
 def _no_state(run: Path) -> str:
     f = run / "checkpoints" / "step_000002" / TRAINER_STATE
     f.unlink()
     return str(f)
 
 
-@pytest.mark.parametrize("damage", [_damage_size, _damage_bytes, _older_format, _no_state])
+@pytest.mark.parametrize("damage", [_damage_size, _damage_bytes, _older_format, _no_state, _foreign_config])
 def test_a_damaged_or_foreign_checkpoint_is_refused_naming_the_file(run_copy, tmp_path, capsys, damage):
     named = damage(run_copy)
     out = tmp_path / "out"
@@ -284,8 +290,8 @@ def test_a_damaged_or_foreign_checkpoint_is_refused_naming_the_file(run_copy, tm
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and named in err, err
     assert not out.exists() or not any(out.iterdir())  # nothing half-written
-    # the older, intact checkpoint still exports
-    assert main(["export", str(run_copy), "-o", str(out), "--step", "1"]) == 0
+    if damage is not _foreign_config:  # the older, intact checkpoint still exports
+        assert main(["export", str(run_copy), "-o", str(out), "--step", "1"]) == 0
 
 
 def test_save_model_needs_a_run_with_a_checkpoint(tiny_config, tmp_path):
