@@ -1,0 +1,358 @@
+"""The protocol a reviewer accepts, for every learning study (``mutual.py``, ``mutual_taskmix.py``,
+``mutual_real_small.py``): choices on validation, the test split read once, compute-matched
+baselines, seeds that vary the prompts, paired intervals, committed per-run metrics.
+
+A study is a sequence of *tuning rounds* and one *final round*:
+
+- a tuning round runs each candidate of a family (``independent`` at several learning rates, say)
+  on the tuning seeds and keeps the candidate with the best mean final **validation** accuracy
+  (the average over the policies); later rounds build on the choices of earlier ones (the sharing
+  arms take the tuned GRPO settings);
+- the final round runs every chosen arm on every final seed. A run's seed is its prompt stream's
+  (``task.prompt_seed`` follows the run's ``seed``) and its sampling's; its test split is read once,
+  at its end. Tuning runs of a chosen candidate on a final seed are final runs (their test figure was
+  never looked at by the choice).
+
+Every run's compact metrics (eval rows, per-step rows of the keys that matter, its config, the code
+revision that trained it) go to ``benchmarks/results/<study>_runs/<arm>-seed<N>.json``; the study's
+JSON is aggregated from those files alone (``python benchmarks/study.py aggregate <study>`` does it
+again), so every figure can be traced and recomputed.
+
+Runs go ``--jobs`` at a time, each in its own process (torch threads = cores / jobs); ``--reuse``
+keeps finished runs whose config is unchanged and resumes interrupted ones. Run the study from a
+clean checkout (a ``git worktree`` at a commit) so that the recorded revision is the code that
+trained each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, git_rev, machine, write_result
+
+STEP_KEYS = ("reward_mean", "train_acc", "train_tokens", "optimizer_steps", "gen_tokens", "peer_rows", "loss",
+             "step_s", "informative_group_frac", "zero_var_group_frac", "imitate_rescue", "imitate_own",
+             "self_imitate_extra", "sgt_rescue", "prp_peer_samples", "resample_rounds")
+"""The per-step metrics a compact run keeps (besides step and policy)."""
+def spec_path(run_dir: Path) -> Path:
+    """A run's spec beside its directory (``<arm>-seed<N>.spec.json``): arm, seed, config, revision."""
+    return run_dir.with_name(run_dir.name + ".spec.json")
+
+
+def provenance_path(run_dir: Path) -> Path:
+    """What the run's own process recorded at its start (revision, load), beside its directory."""
+    return run_dir.with_name(run_dir.name + ".provenance.json")
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` merged in, mappings recursively (lists and scalars replace)."""
+    out = copy.deepcopy(dict(base))
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else copy.deepcopy(v)
+    return out
+
+
+@dataclass
+class Arm:
+    """One arm of a study: a name, its family, its role and its config overrides."""
+
+    name: str
+    family: str
+    role: str
+    """``baseline`` (single model), ``sharing``, ``efficiency`` (sharing at a smaller own budget) or
+    ``half_baseline`` (single model at that budget)."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Study:
+    """Runs arms on seeds under one base config; records and aggregates them."""
+
+    name: str
+    base_config: Callable[[int], dict[str, Any]]
+    """seed -> the run config every arm starts from."""
+    out: Path
+    jobs: int = 1
+    reuse: bool = False
+    arms: dict[str, Arm] = field(default_factory=dict)
+    tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    t0: float = field(default_factory=time.perf_counter)
+    load_start: float = field(default_factory=lambda: os.getloadavg()[0])
+
+    @property
+    def runs_dir(self) -> Path:
+        return RESULTS / f"{self.name}_runs"
+
+    def config(self, arm: Arm, seed: int) -> dict[str, Any]:
+        cfg = deep_merge(self.base_config(seed), arm.overrides)
+        cfg["seed"] = seed
+        cfg.setdefault("task", {}).pop("prompt_seed", None)  # the prompt stream follows the run's seed
+        return cfg
+
+    # ------------------------------------------------------------------ running
+    def run(self, pairs: Iterable[tuple[Arm, int]]) -> None:
+        """Train every (arm, seed) not yet recorded, ``jobs`` at a time; record each compactly."""
+        from mutualrl.checkpoint import latest_checkpoint
+
+        todo = []
+        for arm, seed in pairs:
+            self.arms.setdefault(arm.name, arm)
+            d = self.out / f"{arm.name}-seed{seed}"
+            cfg = self.config(arm, seed)
+            if self.reuse and self._finished(d, cfg):
+                self._record(arm, seed, d)
+                continue
+            resume = self.reuse and d.is_dir() and self._same_spec(d, cfg) and latest_checkpoint(d) is not None
+            if d.exists() and not resume:
+                shutil.rmtree(d)
+            d.parent.mkdir(parents=True, exist_ok=True)
+            spec_path(d).write_text(json.dumps({"arm": arm.name, "family": arm.family, "role": arm.role, "seed": seed,
+                                                "overrides": arm.overrides, "config": cfg, "git_rev": git_rev()}))
+            todo.append((arm, seed, d, resume))
+        threads = max(1, (os.cpu_count() or 1) // max(1, self.jobs))
+        running: list[tuple[Arm, int, Path, subprocess.Popen]] = []
+        for arm, seed, d, resume in todo:
+            while len([r for r in running if r[3].poll() is None]) >= self.jobs:
+                time.sleep(2)
+            failed = [r for r in running if r[3].poll() not in (None, 0)]
+            if failed:  # stop launching: the wait below reports it and stops the rest
+                break
+            cmd = [sys.executable, __file__, "--one", str(d)] + (["--resume"] if resume else [])
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+            print(f"[{self.name}] {arm.name} seed {seed}{' (resumed)' if resume else ''} -> {d}", file=sys.stderr,
+                  flush=True)
+            log = open(d.with_name(d.name + ".log"), "ab")  # noqa: SIM115 - the run writes it for its whole life
+            running.append((arm, seed, d, subprocess.Popen(cmd, env=env, stdout=log, stderr=log)))
+        for arm, seed, d, proc in running:
+            if proc.wait() != 0:
+                for *_, other in running:  # no run outlives the study (a rerun would race it)
+                    if other.poll() is None:
+                        other.terminate()
+                        other.wait()
+                raise SystemExit(f"run {arm.name} seed {seed} failed (exit {proc.returncode}); log {d}.log")
+            self._record(arm, seed, d)
+
+    def _same_spec(self, d: Path, cfg: dict[str, Any]) -> bool:
+        from mutualrl.resolve import load_config
+
+        try:
+            spec = json.loads(spec_path(d).read_text())
+            return load_config(spec["config"], check_paths=False) == load_config(cfg, check_paths=False)
+        except (OSError, ValueError, KeyError):
+            return False
+
+    def _finished(self, d: Path, cfg: dict[str, Any]) -> bool:
+        return (d / "summary.json").is_file() and self._same_spec(d, cfg)
+
+    def _record(self, arm: Arm, seed: int, d: Path) -> None:
+        from mutualrl.report import load_run
+
+        run = load_run(d)
+        spec = json.loads(spec_path(d).read_text())
+        prov = json.loads(provenance_path(d).read_text()) if provenance_path(d).is_file() else {}
+        compact = {"arm": arm.name, "family": arm.family, "role": arm.role, "seed": seed, "overrides": arm.overrides,
+                   "git_rev": prov.get("git_rev", spec.get("git_rev")), "load_avg": prov.get("load_avg"),
+                   "policies": run["policies"], "strategy": run["strategy"], "wall_s": run["wall_s"],
+                   "config": json.loads(json.dumps(spec["config"])), "evals": run["evals"],
+                   "steps": [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items()
+                              if k in STEP_KEYS or k in ("step", "policy")} for r in run["steps"]]}
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        (self.runs_dir / f"{arm.name}-seed{seed}.json").write_text(json.dumps(compact, separators=(",", ":")))
+
+    # ------------------------------------------------------------------ protocol
+    def tune(self, family: str, candidates: Sequence[Arm], seeds: Sequence[int]) -> Arm:
+        """Run ``candidates`` on ``seeds``; the one with the best mean final validation accuracy."""
+        self.run((a, s) for a in candidates for s in seeds)
+        runs = load_compacts(self.runs_dir)
+        scores = {}
+        for a in candidates:
+            vals = [_val(r) for r in runs if r["arm"] == a.name and r["seed"] in seeds]
+            scores[a.name] = {"val_final": vals, "mean": statistics.fmean(vals), "overrides": a.overrides}
+        chosen = max(candidates, key=lambda a: scores[a.name]["mean"])
+        self.tuning[family] = {"seeds": list(seeds), "candidates": scores, "chosen": chosen.name,
+                               "rule": "highest mean final validation accuracy (average over the policies)"}
+        print(f"[{self.name}] {family}: chose {chosen.name} "
+              + ", ".join(f"{n} {100 * v['mean']:.1f}" for n, v in scores.items()), file=sys.stderr, flush=True)
+        return chosen
+
+    def peer_rows_per_step(self, arm: Arm, seeds: Sequence[int]) -> float:
+        """Mean peer rows a step of ``arm`` trained on, per policy (from its recorded runs)."""
+        runs = [r for r in load_compacts(self.runs_dir) if r["arm"] == arm.name and r["seed"] in seeds]
+        return statistics.fmean(s.get("peer_rows", 0) for r in runs for s in r["steps"])
+
+    def write(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Aggregate the recorded runs of this study's arms into ``results/<name>.json`` and the report."""
+        result = aggregate(self.name, [a.name for a in self.arms.values()])
+        mach = machine()
+        mach["load_avg"] = {"start": self.load_start, "end": os.getloadavg()[0]}
+        result.update({"tuning": self.tuning, "notes": self.notes, "machine": mach, "jobs": self.jobs,
+                       "wall_s": time.perf_counter() - self.t0, **(extra or {})})
+        write_result(self.name, result)
+        dirs = [self.out / f"{r['arm']}-seed{r['seed']}" for r in load_compacts(self.runs_dir)
+                if r["arm"] in self.arms and (self.out / f"{r['arm']}-seed{r['seed']}").is_dir()]
+        if dirs:
+            from mutualrl.report import write_report
+
+            write_report(dirs, RESULTS / f"{self.name}_report", title=f"mutualrl {self.name}", notes=self.notes)
+        print_table(result)
+        return result
+
+
+# ----------------------------------------------------------------------------- aggregation
+def load_compacts(runs_dir: Path) -> list[dict[str, Any]]:
+    """Every compact run of a study (``<arm>-seed<N>.json``)."""
+    return [json.loads(p.read_text()) for p in sorted(runs_dir.glob("*-seed*.json"))]
+
+
+def _val(run: Mapping[str, Any]) -> float:
+    from mutualrl.evidence import final_accuracy
+
+    v = final_accuracy(run, "val")
+    if v is None:
+        raise SystemExit(f"run {run['arm']} seed {run['seed']} has no validation accuracy (task.val_size)")
+    return v
+
+
+def aggregate(name: str, arms: Sequence[str] | None = None) -> dict[str, Any]:
+    """The study's figures from its compact runs alone: per arm accuracy and compute, the pairwise
+    differences, the peers' share and the efficiency comparisons (see the module docstring)."""
+    from mutualrl import evidence
+
+    runs = [r for r in load_compacts(RESULTS / f"{name}_runs") if arms is None or r["arm"] in arms]
+    roles = {r["arm"]: r["role"] for r in runs}
+    seeds_of: dict[str, list[int]] = {}
+    for r in runs:
+        seeds_of.setdefault(r["arm"], []).append(r["seed"])
+    final_seeds = max(seeds_of.values(), key=len) if seeds_of else []
+    final = [a for a, s in seeds_of.items() if set(final_seeds) <= set(s)]  # arms of the final round
+    table = {}
+    for a in final:
+        rs = [r for r in runs if r["arm"] == a and r["seed"] in final_seeds]
+        test = [evidence.final_accuracy(r, "test") for r in rs]
+        val = [evidence.final_accuracy(r, "val") for r in rs]
+        spent = [evidence.compute_spent(r) for r in rs]
+        per_pol = [evidence.final_per_policy(r, "test") for r in rs]
+        table[a] = {"role": roles[a], "family": rs[0]["family"], "strategy": rs[0]["strategy"],
+                    "overrides": rs[0]["overrides"], "seeds": [r["seed"] for r in rs],
+                    "test_final": _summary(test), "val_final": _summary(val),
+                    "per_policy_test_final": {p: {k: statistics.fmean(x[p][k] for x in per_pol) for k in per_pol[0][p]}
+                                              for p in per_pol[0]},
+                    **{k: _summary([s.get(k, 0.0) for s in spent]) for k in spent[0]},
+                    "git_revs": sorted({str(r.get("git_rev")) for r in rs})}
+    base = [a for a in final if roles[a] == "baseline"]
+    share = [a for a in final if roles[a] == "sharing"]
+    sel = [r for r in runs if r["seed"] in final_seeds]
+    out: dict[str, Any] = {"study": name, "protocol": PROTOCOL, "final_seeds": final_seeds, "arms": table,
+                           "git_rev": git_rev(), "quick": False}
+    if base and share:
+        out["peers_share"] = evidence.peers_share(sel, share, base)
+        out["pairwise"] = [evidence.paired(sel, s, b) for s in share for b in base]
+        strong = out["peers_share"]["strongest_baseline"] if out["peers_share"] else None
+        best = out["peers_share"]["best_sharing_arm"] if out["peers_share"] else None
+        if strong and best:
+            out["compute_match"] = {k: table[best][k]["mean"] / max(table[strong][k]["mean"], 1e-9)
+                                    for k in ("trained_tokens", "optimizer_steps", "sampled_tokens")}
+    eff = [a for a in final if roles[a] == "efficiency"]
+    half = [a for a in final if roles[a] == "half_baseline"]
+    if eff and base:
+        strong_full = evidence.strongest(sel, base)
+        out["efficiency"] = {e: {"vs_full_budget": evidence.paired(sel, e, strong_full),
+                                 **({"vs_half_budget": evidence.paired(sel, e, evidence.strongest(sel, half))}
+                                    if half else {})} for e in eff}
+    return out
+
+
+def _summary(values: Sequence[float | None]) -> dict[str, Any]:
+    v = [float(x) for x in values if x is not None]
+    if not v:
+        return {}
+    return {"mean": statistics.fmean(v), "sd": statistics.stdev(v) if len(v) > 1 else 0.0, "values": v}
+
+
+PROTOCOL = {
+    "validation": "task.val_size problems held out of training (the last of each type's training list, the "
+                  "zoo builds' own validation slice); every choice (each family's candidate, the strongest "
+                  "baseline, the best sharing arm) by mean final validation accuracy",
+    "test": "read once per run, at its end; reported as it is",
+    "seeds": "a run's seed sets its prompt stream (task.prompt_seed follows it) and its sampling",
+    "interval": "paired differences per seed (same seed: same prompts, same test problems), mean, sample sd "
+                "and the 95 % t interval over seeds",
+    "compute": "trained tokens (completion tokens of every training row, each optimizer phase counted), "
+               "optimizer steps and sampled tokens per run, both policies",
+    "provenance": "each run's compact metrics and training revision in <study>_runs/; this file is "
+                  "aggregated from them alone",
+}
+
+
+def print_table(result: Mapping[str, Any]) -> None:
+    print(f"\n{'arm':<26}{'role':<14}{'test final':>12}{'val final':>11}{'tokens/run':>12}{'opt steps':>10}"
+          f"{'wall s':>8}")
+    for a, t in result["arms"].items():
+        print(f"{a:<26}{t['role']:<14}{100 * t['test_final']['mean']:>11.1f}%{100 * t['val_final']['mean']:>10.1f}%"
+              f"{t['trained_tokens']['mean']:>12,.0f}{t['optimizer_steps']['mean']:>10,.0f}"
+              f"{t.get('wall_s', {}).get('mean', float('nan')):>8.0f}")
+    ps = result.get("peers_share")
+    if ps:
+        lo, hi = ps["ci95"]
+        print(f"\npeers' share: {ps['best_sharing_arm']} - {ps['strongest_baseline']} = {ps['mean']:+.1f} pts "
+              f"[{lo:+.1f}, {hi:+.1f}] per seed {', '.join(f'{v:+.1f}' for v in ps['values'])}")
+    for e, cmp in result.get("efficiency", {}).items():
+        for k, v in cmp.items():
+            lo, hi = v["ci95"]
+            print(f"efficiency {e} {k} ({v['baseline']}): {v['mean']:+.1f} pts [{lo:+.1f}, {hi:+.1f}]")
+
+
+# ----------------------------------------------------------------------------- one run
+def _run_one(run_dir: Path, resume: bool) -> None:
+    import torch
+
+    from mutualrl.report import ARM_FILE
+    from mutualrl.resolve import load_config
+    from mutualrl.trainer import MutualTrainer
+
+    spec = json.loads(spec_path(run_dir).read_text())
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    cfg = load_config(spec["config"])
+    provenance_path(run_dir).write_text(json.dumps({"git_rev": git_rev(), "started": time.time(),
+                                                     "load_avg": os.getloadavg()[0]}))
+    tr = MutualTrainer(cfg, run_dir, resume=resume, progress=False)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / ARM_FILE).write_text(json.dumps({"arm": spec["arm"]}))
+    tr.train()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--one", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
+    sub = ap.add_subparsers(dest="cmd")
+    ag = sub.add_parser("aggregate", help="re-aggregate a study's JSON from its committed compact runs")
+    ag.add_argument("name")
+    args = ap.parse_args()
+    if args.one:
+        _run_one(args.one, args.resume)
+    elif args.cmd == "aggregate":
+        result = aggregate(args.name)
+        print_table(result)
+        print(json.dumps({k: result[k] for k in ("peers_share", "efficiency", "compute_match") if k in result},
+                         indent=1))
+    else:
+        ap.print_help()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""What a comparison of arms may claim: paired differences over seeds with a t interval, the compute
+each arm spent, and the peers' share (the best sharing arm minus the strongest single-model
+baseline, both picked on validation, measured on test).
+
+A *run* here is what :func:`mutualrl.report.load_run` reads (config, eval rows, step rows) with its
+``arm`` label. Its figures: the final accuracy on the test split (read once, at the end, when the
+run has a validation split) and on validation, each the mean over the run's policies; and the
+compute it spent: trained tokens (completion tokens of every training row, each optimizer phase
+counted), optimizer steps, sampled (rollout) tokens and wall time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+T_975: dict[int, float] = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+                           9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 14: 2.145, 19: 2.093, 29: 2.045}
+"""Two-sided 95 % quantiles of Student's t by degrees of freedom (a missing df takes the next smaller
+one listed: a slightly wider interval)."""
+
+
+def t_quantile(df: int) -> float:
+    """The 97.5 % quantile of Student's t with ``df`` degrees of freedom (1.96 beyond the table)."""
+    if df < 1:
+        return math.inf
+    if df > 29:
+        return 1.96
+    return T_975[max(k for k in T_975 if k <= df)]
+
+
+def interval(values: Sequence[float]) -> dict[str, Any]:
+    """Mean, sample standard deviation and the 95 % t interval of the mean of ``values`` (paired
+    differences: one per seed, on the same problems): ``mean ± t(n-1) sd / sqrt(n)``."""
+    v = [float(x) for x in values]
+    n = len(v)
+    mean = statistics.fmean(v) if v else math.nan
+    sd = statistics.stdev(v) if n > 1 else math.nan
+    half = t_quantile(n - 1) * sd / math.sqrt(n) if n > 1 else math.inf
+    return {"mean": mean, "sd": sd, "ci95": [mean - half, mean + half], "n": n, "values": v,
+            "method": "t interval over seeds (paired: same seed, same problems)"}
+
+
+def _final(rows: Iterable[Mapping[str, Any]], policy: str, key: str) -> float | None:
+    sel = [r for r in rows if r.get("policy") == policy and key in r]
+    return float(max(sel, key=lambda r: r["step"])[key]) if sel else None
+
+
+def final_accuracy(run: Mapping[str, Any], split: str = "test") -> float | None:
+    """The run's final accuracy on ``split`` (``test`` or ``val``), the mean over its policies; None
+    when a policy was never evaluated on it."""
+    vals = [_final(run["evals"], p, f"{split}_acc") for p in run["policies"]]
+    return None if not vals or any(v is None for v in vals) else statistics.fmean(vals)  # type: ignore[arg-type]
+
+
+def final_per_policy(run: Mapping[str, Any], split: str = "test") -> dict[str, dict[str, float]]:
+    """Per policy: its final accuracy on ``split`` overall (``all``) and per task type."""
+    out: dict[str, dict[str, float]] = {}
+    for p in run["policies"]:
+        last = [r for r in run["evals"] if r.get("policy") == p and f"{split}_acc" in r]
+        if not last:
+            continue
+        row = max(last, key=lambda r: r["step"])
+        out[p] = {"all": float(row[f"{split}_acc"])} | {k.split("/", 1)[1]: float(v) for k, v in row.items()
+                                                        if k.startswith(f"{split}_acc/")}
+    return out
+
+
+def compute_spent(run: Mapping[str, Any]) -> dict[str, float]:
+    """What the run spent, summed over its policies and steps: trained tokens, optimizer steps,
+    sampled tokens, peer rows used; and its wall time (``summary.json``, when read)."""
+    steps = run["steps"]
+    out = {"trained_tokens": float(sum(s.get("train_tokens", 0) for s in steps)),
+           "optimizer_steps": float(sum(s.get("optimizer_steps", 0) for s in steps)),
+           "sampled_tokens": float(sum(s.get("gen_tokens", 0) for s in steps)),
+           "peer_rows": float(sum(s.get("peer_rows", 0) for s in steps))}
+    if run.get("wall_s") is not None:
+        out["wall_s"] = float(run["wall_s"])
+    return out
+
+
+def by_seed(runs: Iterable[Mapping[str, Any]], arm: str, split: str = "test") -> dict[int, float]:
+    """Final accuracy of ``arm``'s runs on ``split``, by seed."""
+    out = {}
+    for r in runs:
+        if r["arm"] == arm:
+            acc = final_accuracy(r, split)
+            if acc is not None:
+                out[int(r["seed"])] = acc
+    return out
+
+
+def paired(runs: Sequence[Mapping[str, Any]], arm: str, baseline: str, split: str = "test") -> dict[str, Any]:
+    """``arm`` minus ``baseline`` in points, per seed both ran (same seed: same prompts, same test
+    problems), with :func:`interval`."""
+    a, b = by_seed(runs, arm, split), by_seed(runs, baseline, split)
+    seeds = sorted(set(a) & set(b))
+    out = interval([100 * (a[s] - b[s]) for s in seeds])
+    return {"arm": arm, "baseline": baseline, "seeds": seeds, **out}
+
+
+def strongest(runs: Sequence[Mapping[str, Any]], arms: Iterable[str], split: str = "val") -> str | None:
+    """The arm of ``arms`` with the highest mean final accuracy on ``split`` (validation: the choice
+    is never made on test)."""
+    scored = [(statistics.fmean(v.values()), a) for a in arms if (v := by_seed(runs, a, split))]
+    return max(scored)[1] if scored else None
+
+
+def peers_share(runs: Sequence[Mapping[str, Any]], sharing: Iterable[str], baselines: Iterable[str]
+                ) -> dict[str, Any] | None:
+    """The best sharing arm minus the strongest single-model baseline (each chosen by validation
+    accuracy), on test, paired per seed: {best sharing arm, strongest baseline, mean, ci95, values}."""
+    best, base = strongest(runs, sharing), strongest(runs, baselines)
+    if best is None or base is None:
+        return None
+    out = paired(runs, best, base)
+    return {"best_sharing_arm": best, "strongest_baseline": base, "chosen_by": "validation accuracy",
+            **{k: v for k, v in out.items() if k not in ("arm", "baseline")}}
