@@ -13,9 +13,10 @@ The two shipped zoo policies (or a ``zoo build --task`` file's), their task with
    ``self_imitate`` (imitate's supervised step on the learner's own successes, no peer) at two
    learning rates of that step; the sharing family: ``imitate`` at those two rates, with
    replay of peer successes of the last steps, with its peer rows weighted up.
-3. the **compute-matched control**: the chosen ``self_imitate`` with as many more own rows a step
-   (own verified successes of the last 8 steps) as the chosen sharing arm trains peer rows, so both
-   take the same optimizer steps on (within 10 %) the same number of tokens; the **efficiency arm**
+3. the **compute-matched control**: the chosen ``self_imitate`` with more own rows a step (own
+   verified successes of the last 16 steps) until it trains as many tokens a step as the chosen
+   sharing arm did on the tuning seeds, so both take the same optimizer steps on (within 10 %) the
+   same number of tokens; the **efficiency arm**
    (the chosen sharing arm plus ``prp`` with 4 own samples per prompt, the group filled with 4 of the
    peer's) and the single-model arms at that half budget.
 4. every chosen arm on the final seeds (seed = prompt stream and sampling).
@@ -113,8 +114,8 @@ def run(args: argparse.Namespace) -> None:
     study.run((a, s) for a in controls + sharing for s in tune)  # both families at once (jobs in parallel)
     ctrl = study.tune("self_imitate", controls, tune)
     best = study.tune("sharing", sharing, tune)
-    rows = round(study.peer_rows_per_step(best, tune))
-    matched_block = {**float_lr(ctrl, "self_imitate"), "extra_rows": rows, "replay_steps": 8}
+    tokens = round(study.per_step(best, tune, "train_tokens"))
+    matched_block = {**float_lr(ctrl, "self_imitate"), "extra_rows": 512, "match_tokens": tokens, "replay_steps": 16}
     matched = Arm("self_imitate_matched", "self_imitate_matched", "baseline",
                   {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": matched_block}})
     half = {"grpo": {"num_generations": 4}}
@@ -123,9 +124,9 @@ def run(args: argparse.Namespace) -> None:
                                                               "prp": {"max_per_prompt": 4}}}))
     halves = [Arm(f"{a.name}_half", f"{a.family}_half", "half_baseline", deep_merge(a.overrides, half))
               for a in (ind, ctrl)]
-    study.notes.append(f"compute-matched control: {ctrl.name} with {rows} more own rows a step (the chosen sharing "
-                       f"arm {best.name} trained {study.peer_rows_per_step(best, tune):.1f} peer rows a step on the "
-                       "tuning seeds)")
+    study.notes.append(f"compute-matched control: {ctrl.name} with own verified successes of the last 16 steps "
+                       f"added until a step trains {tokens} tokens, what the chosen sharing arm {best.name} trained a "
+                       "step (per policy) on the tuning seeds")
     if args.phase == "tune":
         study.run((a, s) for a in (matched, eff, *halves) for s in tune)
     else:

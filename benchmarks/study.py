@@ -189,10 +189,10 @@ class Study:
               + ", ".join(f"{n} {100 * v['mean']:.1f}" for n, v in scores.items()), file=sys.stderr, flush=True)
         return chosen
 
-    def peer_rows_per_step(self, arm: Arm, seeds: Sequence[int]) -> float:
-        """Mean peer rows a step of ``arm`` trained on, per policy (from its recorded runs)."""
+    def per_step(self, arm: Arm, seeds: Sequence[int], key: str) -> float:
+        """The mean of step metric ``key`` of ``arm`` per policy and step (from its recorded runs)."""
         runs = [r for r in load_compacts(self.runs_dir) if r["arm"] == arm.name and r["seed"] in seeds]
-        return statistics.fmean(s.get("peer_rows", 0) for r in runs for s in r["steps"])
+        return statistics.fmean(s.get(key, 0) for r in runs for s in r["steps"])
 
     def write(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Aggregate the recorded runs of this study's arms into ``results/<name>.json`` and the report."""

@@ -209,6 +209,11 @@ def test_self_imitate_extra_rows_come_from_own_earlier_successes(task):
     extra = [r for r in matched.rows if r.kind == "self_imitate"][1:]
     assert [r.completion_ids for r in extra] == [[ord(c) for c in p.answer] + [0] for p in older[:2]]
     assert matched.metrics["self_imitate_extra"] == 2
+    # matching tokens: extra rows only until the step trains that many (4 own GRPO tokens + 1 own success)
+    first = len(older[0].answer) + 1
+    budget = {"self_imitate": {"extra_rows": 3, "replay_steps": 3, "match_tokens": 5 + first + 1}}
+    tokens = build_batch("self_imitate", ctx, budget)
+    assert tokens.metrics["self_imitate_extra"] == 2  # one short of the budget after the first, past it after two
     assert parse_strategy("self_imitate").replay_steps({"self_imitate": {"extra_rows": 2, "replay_steps": 3}}) == 3
     assert parse_strategy("self_imitate").replay_steps({"self_imitate": {"replay_steps": 3}}) == 0
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["BASE", "OWN", "BoundKind", "OwnGroup", "PastFailure", "PastSuccess", "PeerRows", "RowKind", "ShareContext", "Strategy",
            "StrategyError", "StrategyStep", "TrainBatch", "TrainRow", "available_strategies", "build_batch",
            "check_strategy_name", "fair_order", "own_rows_by_prompt", "own_success_row", "parse_strategy",
-           "pool_with_peers", "register_strategy", "verified_successes"]
+           "pool_with_peers", "register_strategy", "trained_tokens", "trains", "verified_successes"]
 
 
 @dataclass
@@ -241,8 +241,7 @@ def build_batch(strategy: str | Strategy, ctx: ShareContext, sharing: Any = None
         raise StrategyError(f"strategy {strat.name!r} added rows of undeclared kinds {undeclared}; a step declares "
                             "the kinds it adds (register_strategy(rows=...))")
     if ctx.options.dynamic_sampling != "off":
-        keep = [r for r in batch.rows
-                if batch.kinds[r.kind].term.reduction != "policy_gradient" or abs(r.advantage) > 1e-12]
+        keep = [r for r in batch.rows if trains(r, batch, ctx.options)]
         batch.metrics["zero_adv_rows_skipped"] = len(batch.rows) - len(keep)
         batch.rows = keep
     if ctx.peers.any() or batch.peer_rows:
@@ -252,6 +251,18 @@ def build_batch(strategy: str | Strategy, ctx: ShareContext, sharing: Any = None
             batch.metrics[f"peer_rows/{name}"] = batch.peer_rows[name]
             batch.metrics[f"peer_offered/{name}"] = offered.get(name, 0)
     return batch
+
+
+def trains(row: TrainRow, batch: TrainBatch, options: GRPOOptions) -> bool:
+    """Whether ``row`` will train: a policy-gradient row of zero advantage is left out under
+    ``dynamic_sampling`` (its group had no reward variance); every other row trains."""
+    return (options.dynamic_sampling == "off" or batch.kinds[row.kind].term.reduction != "policy_gradient"
+            or abs(row.advantage) > 1e-12)
+
+
+def trained_tokens(batch: TrainBatch, options: GRPOOptions) -> int:
+    """The completion tokens of the rows of ``batch`` that will train (:func:`trains`)."""
+    return sum(len(r.completion_ids) for r in batch.rows if trains(r, batch, options))
 
 
 def verified_successes(ctx: ShareContext, problem: Problem, prompt_ids: Sequence[int],

@@ -33,6 +33,7 @@ from mutualrl.algorithms.sharing import (
     TrainRow,
     own_success_row,
     register_strategy,
+    trained_tokens,
     verified_successes,
 )
 from mutualrl.schema import bounded
@@ -70,7 +71,11 @@ class SelfImitateSettings:
     """The rows' own AdamW step at this learning rate, after the GRPO step; none: they join it."""
     extra_rows: int = bounded(0, ge=0)
     """Up to this many more own verified successes per step, of prompts of the last
-    ``replay_steps`` steps (newest first): the compute-matched control of ``imitate``."""
+    ``replay_steps`` steps (newest first)."""
+    match_tokens: int = bounded(0, ge=0)
+    """With ``extra_rows``: add them only until the step trains this many tokens (its GRPO rows and
+    likelihood rows together): the compute-matched control of a sharing arm that trains that many
+    tokens a step (0: every extra row)."""
     replay_steps: int = bounded(0, ge=0)
     """How many earlier steps ``extra_rows`` may come from."""
 
@@ -119,8 +124,9 @@ def self_imitate(ctx: ShareContext, batch: TrainBatch, s: SelfImitateSettings) -
     batch.rows.extend(rows)
     step_ids = {g.problem.id for g in ctx.groups}
     extra = 0
+    tokens = trained_tokens(batch, ctx.options)
     for past in ctx.own_history:
-        if extra >= s.extra_rows:
+        if extra >= s.extra_rows or (s.match_tokens and tokens >= s.match_tokens):
             break
         if past.problem.id in step_ids:
             continue
@@ -130,5 +136,6 @@ def self_imitate(ctx: ShareContext, batch: TrainBatch, s: SelfImitateSettings) -
         batch.rows.append(TrainRow(past.prompt_ids, ids, 0.0, None, SELF_IMITATE, None, s.weight))
         step_ids.add(past.problem.id)
         extra += 1
+        tokens += len(ids)
     batch.metrics["imitate_own"] = len(rows)
     batch.metrics["self_imitate_extra"] = extra
