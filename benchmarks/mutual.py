@@ -130,7 +130,9 @@ def run(args: argparse.Namespace) -> None:
     if args.phase == "tune":
         study.run((a, s) for a in (matched, eff, *halves) for s in tune)
     else:
-        study.run((a, s) for s in final for a in (ind, ctrl, matched, best, eff, *halves))
+        # the headline arms on every seed first, so an interrupted study has its peers' share
+        study.run([(a, s) for s in final for a in (ind, ctrl, matched, best)]
+                  + [(a, s) for s in final for a in (eff, *halves)])
     study.arms = {a.name: a for a in (ind, ctrl, matched, best, eff, *halves)}
     study.write({"task_file": args.task_file, "zoo_seed": "run seed" if args.zoo_seed_follows_seed else args.zoo_seed,
                  "steps": args.steps,

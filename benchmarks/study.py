@@ -19,7 +19,8 @@ JSON is aggregated from those files alone (``python benchmarks/study.py aggregat
 again), so every figure can be traced and recomputed.
 
 Runs go ``--jobs`` at a time, each in its own process (torch threads = cores / jobs); ``--reuse``
-keeps finished runs whose config is unchanged and resumes interrupted ones. Run the study from a
+keeps finished runs whose config is unchanged (a run directory's summary, or a committed compact
+record when the run directories are gone) and resumes interrupted ones. Run the study from a
 clean checkout (a ``git worktree`` at a commit) so that the recorded revision is the code that
 trained each run.
 """
@@ -116,6 +117,8 @@ class Study:
             if self.reuse and self._finished(d, cfg):
                 self._record(arm, seed, d)
                 continue
+            if self.reuse and self._recorded(arm, seed, cfg):  # a committed record of this run: kept as it is
+                continue
             resume = self.reuse and d.is_dir() and self._same_spec(d, cfg) and latest_checkpoint(d) is not None
             if d.exists() and not resume:
                 shutil.rmtree(d)
@@ -152,6 +155,20 @@ class Study:
         try:
             spec = json.loads(spec_path(d).read_text())
             return load_config(spec["config"], check_paths=False) == load_config(cfg, check_paths=False)
+        except (OSError, ValueError, KeyError):
+            return False
+
+    def _recorded(self, arm: Arm, seed: int, cfg: dict[str, Any]) -> bool:
+        """Whether ``runs_dir`` already holds this run's compact record, trained on the same config.
+
+        The records are what is committed, so a study continued on a fresh machine (its run directories
+        gone) reuses them instead of retraining."""
+        from mutualrl.resolve import load_config
+
+        path = self.runs_dir / f"{arm.name}-seed{seed}.json"
+        try:
+            return load_config(json.loads(path.read_text())["config"], check_paths=False) == load_config(
+                cfg, check_paths=False)
         except (OSError, ValueError, KeyError):
             return False
 
