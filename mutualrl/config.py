@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from mutualrl.errors import ConfigError
-from mutualrl.schema import bounded, build, check_bounds
+from mutualrl.schema import Freezable, bounded, build, check_bounds, thaw
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "token_mean"]
 Dtype = Literal["auto", "float32", "bfloat16"]
@@ -26,7 +26,7 @@ ScaleRewards = Literal["group", "batch", "none"]
 
 
 @dataclass
-class GRPOOptions:
+class GRPOOptions(Freezable):
     """GRPO options of one policy (run-level defaults, overridable per policy)."""
 
     num_generations: int = bounded(8, ge=2)
@@ -77,7 +77,7 @@ class GRPOOptions:
 
 
 @dataclass
-class DatasetConfig:
+class DatasetConfig(Freezable):
     """One task source: a reasoning-gym dataset (``name``), a user file (``path``) or a Hugging Face
     dataset (``dataset``)."""
 
@@ -112,7 +112,7 @@ class DatasetConfig:
 
 
 @dataclass
-class TaskConfig:
+class TaskConfig(Freezable):
     """The ``task`` section: the datasets the policies train on, how many problems are drawn for
     training and held out for validation and testing (disjoint, by ``seed``), the prompt stream
     (``prompt_seed``), and how an answer is read and scored."""
@@ -144,7 +144,7 @@ class TaskConfig:
 
 
 @dataclass
-class PeftConfig:
+class PeftConfig(Freezable):
     """LoRA through ``peft`` (peft's names): only the adapter trains and is checkpointed."""
 
     r: int = bounded(16, ge=1)
@@ -155,7 +155,7 @@ class PeftConfig:
 
 
 @dataclass
-class GenerationConfig:
+class GenerationConfig(Freezable):
     """How a policy samples its rollouts."""
 
     engine: Literal["hf", "vllm"] = "hf"
@@ -185,7 +185,7 @@ class GenerationConfig:
 
 
 @dataclass
-class PolicyConfig:
+class PolicyConfig(Freezable):
     """One entry of ``policies``: a model with its own name, prompt format, device and per-policy
     overrides of the run's ``grpo`` options. Each policy keeps its own parameters and optimizer."""
 
@@ -205,7 +205,7 @@ class PolicyConfig:
 
 
 @dataclass
-class SharingConfig:
+class SharingConfig(Freezable):
     """The ``sharing`` section: which strategy turns the peers' experience into training rows
     (``docs/sharing.md``), how fresh its rows must be, and one settings block per step
     (``sharing.<step>:``, e.g. ``imitate: {learning_rate: 3.0e-4, max_rows: 64}``), each declared by
@@ -272,7 +272,7 @@ def _move_legacy_sharing(data: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
-class RunConfig:
+class RunConfig(Freezable):
     """A whole run: its policies, task, GRPO options, sharing, schedule, exchange and trackers.
     Built and validated by :func:`mutualrl.resolve.load_config` from YAML, JSON or a mapping."""
 
@@ -334,7 +334,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """Every field, defaults filled in, as plain JSON-able values (reads back to an equal config);
         the sharing steps' blocks sit beside ``sharing.strategy``, as in YAML."""
-        out = dataclasses.asdict(self)
+        out = thaw(dataclasses.asdict(self))
         sharing = out["sharing"]
         out["sharing"] = {k: v for k, v in sharing.items() if k != "steps"} | sharing["steps"]
         return out

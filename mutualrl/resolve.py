@@ -23,7 +23,7 @@ import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -48,7 +48,7 @@ from mutualrl.errors import ConfigError, UserError
 from mutualrl.exchange.url import ExchangeURL
 from mutualrl.modelref import ModelRef, ModelRefError
 from mutualrl.paths import RUN_CONFIG
-from mutualrl.schema import build
+from mutualrl.schema import build, freeze
 from mutualrl.tasks.base import validate_extraction_mode
 from mutualrl.tasks.build import build_source, build_task
 from mutualrl.tasks.gold_check import check_gold_answers
@@ -57,65 +57,69 @@ from mutualrl.tasks.rewards import load_reward_function
 from mutualrl.tasks.rows import SourceFieldError
 from mutualrl.tracking import missing_package
 
-RESUMABLE: frozenset[str] = frozenset({"steps", "max_steps", "step_timeout_s", "tensorboard", "report_to",
-                                       "run_name", "save_final_model"})
-"""Fields an override may change when a run resumes: how long it runs, how it reports and whether it
-exports its final models. Anything
+RESUMABLE: frozenset[str] = frozenset({"steps", "step_timeout_s", "report_to", "run_name", "save_final_model"})
+"""Fields a resumed run may change: how long it runs, how it reports and whether it exports its final
+models (``steps`` only under a schedule that does not depend on it: :mod:`mutualrl.resume`). Anything
 else would make the resumed steps differ from the ones an uninterrupted run computes."""
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What one policy worker runs with: its policy, model reference, effective GRPO options and
-    where it is placed (``device``/``threads`` as the scheduler's plan gives them; None: the
-    policy's or run's own setting, ``auto`` meaning the plan's GPU or the CPU)."""
+    """What one policy worker runs with: its policy, its effective GRPO options and, once the plan is
+    placed (:mod:`mutualrl.allocation.placement`, the one placement step), where it runs: the device
+    it computes on as it names it, the physical GPU its process is given, its share of that GPU, its
+    torch threads and CPU priority, its Ray node and core share, and the exchange it opens."""
 
     index: int
     name: str
-    model: str
     options: GRPOOptions
     device: str | None = None
+    visible_gpu: int | None = None
+    """The physical GPU the worker's process sees as ``cuda:0`` (``CUDA_VISIBLE_DEVICES``; local scheduler)."""
+    gpu_fraction: float | None = None
+    """The share of its GPU's memory the worker may take (None: all of it)."""
     threads: int | None = None
+    nice: int = 0
+    node: str | None = None
+    cpu_share: float | None = None
+    exchange: str | None = None
+
+    PLACEMENT: ClassVar[tuple[str, ...]] = ("device", "visible_gpu", "gpu_fraction", "threads", "nice", "node",
+                                            "cpu_share", "exchange")
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """A run's resolved settings: the validated config and one :class:`WorkerSpec` per policy."""
+    """A run's resolved settings: the validated config (frozen, all the way down) and one
+    :class:`WorkerSpec` per policy; ``placed`` once the placement step has filled them in."""
 
     config: RunConfig
     workers: tuple[WorkerSpec, ...]
     data_read: bool = False
     """Whether the task's data and the models' hub ids were read while resolving (``read_data``)."""
+    placed: bool = False
 
-    @property
-    def exchange(self) -> ExchangeURL | None:
-        """The exchange as a parsed URL; None for ``sqlite`` (a file in the run directory)."""
-        return None if self.config.exchange == "sqlite" else ExchangeURL.from_str(self.config.exchange)
-
-    def placed(self, index: int, *, device: str | None = None, threads: int | None = None) -> RunPlan:
-        """This plan with worker ``index`` placed on ``device`` with ``threads`` (what a scheduler
-        decided); the rest unchanged."""
-        workers = list(self.workers)
-        workers[index] = dataclasses.replace(workers[index], device=device, threads=threads)
-        return dataclasses.replace(self, workers=tuple(workers))
+    def __post_init__(self) -> None:
+        freeze(self.config)  # nothing may change a resolved config: a new one is resolved again
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (for a worker process or actor): the config and the placements."""
-        return {"config": self.config.to_dict(),
-                "placements": [{"device": w.device, "threads": w.threads} for w in self.workers]}
+        return {"config": self.config.to_dict(), "placed": self.placed,
+                "placements": [{k: getattr(w, k) for k in WorkerSpec.PLACEMENT} for w in self.workers]}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunPlan:
         """Inverse of :meth:`to_dict`: the plan a controller resolved (its checks are not run again)."""
         plan = plan_of(parse_config(copy.deepcopy(dict(d["config"]))))
-        for i, pl in enumerate(d.get("placements", [])):
-            plan = plan.placed(i, device=pl.get("device"), threads=pl.get("threads"))
-        return plan
+        placements = d.get("placements", [])
+        workers = tuple(dataclasses.replace(w, **{k: pl[k] for k in WorkerSpec.PLACEMENT if k in pl})
+                        for w, pl in zip(plan.workers, placements, strict=False)) + plan.workers[len(placements):]
+        return dataclasses.replace(plan, workers=workers, placed=bool(d.get("placed")))
 
 
 def plan_of(cfg: RunConfig) -> RunPlan:
-    """The plan of an already checked config (no placement yet)."""
-    return RunPlan(cfg, tuple(WorkerSpec(i, p.name, p.model, cfg.policy_grpo(i)) for i, p in enumerate(cfg.policies)))
+    """The plan of an already checked config (not placed yet)."""
+    return RunPlan(cfg, tuple(WorkerSpec(i, p.name, cfg.policy_grpo(i)) for i, p in enumerate(cfg.policies)))
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -230,15 +234,15 @@ def _read_data(cfg: RunConfig) -> None:
 def resolve_run(run_dir: str | Path, overrides: Mapping[str, Any] | None = None) -> RunPlan:
     """The plan of an existing run directory (its saved ``config.yaml``) for ``--resume`` and
     ``eval``: overrides of :data:`RESUMABLE` fields are applied, any other is refused naming it."""
+    from mutualrl.resume import check_resumable
+
     d = Path(run_dir)
     if not (d / RUN_CONFIG).is_file():
         raise UserError(f"{str(d)!r} is not a mutualrl run directory (no {RUN_CONFIG})")
-    for key in overrides or {}:
-        if key.split(".")[0] not in RESUMABLE:
-            raise ConfigError(key, f"cannot change when resuming {d} (the resumed steps would differ from the "
-                              f"ones already trained); a resumed run accepts {', '.join(sorted(RESUMABLE))} "
-                              "- start a new run to change anything else")
-    return resolve(d / RUN_CONFIG, overrides)
+    plan = resolve(d / RUN_CONFIG, overrides)
+    if overrides:
+        check_resumable(run_config(d), plan.config, d)
+    return plan
 
 
 def run_config(run_dir: str | Path) -> RunConfig:

@@ -177,3 +177,84 @@ def build(cls: type, data: Any, path: str = "") -> Any:
     if open_field is not None:
         kwargs[open_field] = extra
     return cls(**kwargs)
+
+
+# ----------------------------------------------------------------------------- freezing
+class FrozenError(dataclasses.FrozenInstanceError):
+    """A field of a frozen config was set (a resolved plan's config never changes: build a new one)."""
+
+
+class FrozenList(list):
+    """A list that refuses to change (a frozen config's list fields)."""
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise FrozenError("a resolved config's lists do not change: build a new config (dataclasses.replace)")
+
+    append = extend = insert = pop = remove = clear = sort = reverse = __setitem__ = __delitem__ = _refuse
+    __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenList, (list(self),))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> list[Any]:
+        import copy
+
+        return [copy.deepcopy(v, memo) for v in self]  # a copy is the caller's to change
+
+
+class FrozenDict(dict):
+    """A dict that refuses to change (a frozen config's mapping fields)."""
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise FrozenError("a resolved config's mappings do not change: build a new config (dataclasses.replace)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+    __ior__ = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenDict, (dict(self),))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[Any, Any]:
+        import copy
+
+        return {k: copy.deepcopy(v, memo) for k, v in self.items()}
+
+
+class Freezable:
+    """A dataclass base whose instances can be frozen in place (:func:`freeze`): a frozen one refuses
+    to have a field set, and its lists and mappings refuse to change, all the way down."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_frozen"):
+            raise FrozenError(f"{type(self).__name__}.{name}: a resolved config does not change; build a new one "
+                              "(dataclasses.replace, or resolve the changed data)")
+        object.__setattr__(self, name, value)
+
+
+def _frozen_value(value: Any) -> Any:
+    if isinstance(value, Freezable):
+        return freeze(value)
+    if isinstance(value, dict):
+        return FrozenDict({k: _frozen_value(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return FrozenList(_frozen_value(v) for v in value)
+    return value
+
+
+def freeze(obj: Any) -> Any:
+    """Freeze dataclass ``obj`` (a :class:`Freezable`) and everything under it, in place; returns it."""
+    if obj.__dict__.get("_frozen"):
+        return obj
+    for f in dataclasses.fields(obj):
+        object.__setattr__(obj, f.name, _frozen_value(getattr(obj, f.name)))
+    object.__setattr__(obj, "_frozen", True)
+    return obj
+
+
+def thaw(value: Any) -> Any:
+    """Plain, changeable copies of frozen lists and mappings (what ``asdict`` hands on)."""
+    if isinstance(value, dict):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [thaw(v) for v in value]
+    return value

@@ -16,8 +16,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "trackio")
-"""The ``report_to`` values besides ``none``."""
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
 DEFAULT_PROJECT = "mutualrl"
 MACHINE_KEYS: frozenset[str] = frozenset({"pid", "ahead"})

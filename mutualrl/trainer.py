@@ -37,14 +37,14 @@ from mutualrl.exchange.url import ExchangeURL
 from mutualrl.export import FINAL_DIR, Exported, export_run
 from mutualrl.paths import METRICS, POLICIES_INFO, RUN_CONFIG, SUMMARY
 from mutualrl.progress import StepProgress
-from mutualrl.resolve import RunPlan, resolve
+from mutualrl.resolve import RunPlan, resolve, run_config
+from mutualrl.resume import check_resumable, record_resume
 from mutualrl.tasks.attach import attach
 from mutualrl.tracking import Tracker, open_trackers, scalars
 from mutualrl.worker_api import WorkerAPI
 
 __all__ = ["CHECKPOINTS", "LATEST", "MutualTrainer", "latest_checkpoint"]
 
-_atomic_write = atomic_write_text
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
@@ -82,10 +82,12 @@ class MutualTrainer:
         if train_dataset is not None or eval_dataset is not None or reward_funcs:
             config = attach(config.config if isinstance(config, RunPlan) else config, train_dataset, eval_dataset,
                             reward_funcs)
-        self.plan = resolve(config)
-        self.cfg = self.plan.config
         self.run_dir = Path(run_dir) if run_dir else None
         self.resume = resume
+        # resolved once; a fresh run with a directory also reads its data (data files, hub ids) now, so
+        # what only shows when read fails before anything is written
+        self.plan = resolve(config, read_data=self.run_dir is not None and not resume)
+        self.cfg = self.plan.config
         self.progress = progress
         self.scheduler = scheduler or make_scheduler(self.cfg.scheduler, self.cfg.threads)
         self.start_step = 0
@@ -93,6 +95,7 @@ class MutualTrainer:
         self.checkpoints = CheckpointManager(self.run_dir, keep=2) if self.run_dir else None
         self._trackers: list[Tracker] = []
         self._created_run_dir = False
+        self._resume_changes: dict[str, tuple[Any, Any]] = {}
         self._prepare_run_dir()
 
     # ------------------------------------------------------------------ run directory
@@ -106,6 +109,8 @@ class MutualTrainer:
             if not (d / RUN_CONFIG).is_file() or not (d / CHECKPOINTS).is_dir():
                 raise UserError(f"cannot resume: {str(d)!r} is not a mutualrl run directory "
                                 "(no config.yaml and checkpoints/)")
+            # the same check for the CLI and for Python: only what cannot change trained steps may differ
+            self._resume_changes = check_resumable(run_config(d), self.cfg, d)
             return
         if d.exists() and any(d.iterdir()):
             raise UserError(f"run directory {str(d)!r} already exists and is not empty; "
@@ -117,7 +122,7 @@ class MutualTrainer:
         self._created_run_dir = not d.exists()
         d.mkdir(parents=True, exist_ok=True)
         (d / CHECKPOINTS).mkdir(exist_ok=True)
-        _atomic_write(d / RUN_CONFIG, yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+        atomic_write_text(d / RUN_CONFIG, yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
 
     def _undo_init_files(self) -> None:
         """A fresh run that failed to start leaves nothing behind (it had not trained)."""
@@ -213,7 +218,7 @@ class MutualTrainer:
             # rows of the resumed step (its evaluation included) are redone: keep strictly earlier ones
             if row.get("step", 0) < next_step:
                 keep.append(line)
-        _atomic_write(path, "".join(k + "\n" for k in keep))
+        atomic_write_text(path, "".join(k + "\n" for k in keep))
         self.history = [json.loads(k) for k in keep]
 
     # ------------------------------------------------------------------ the loop
@@ -241,8 +246,6 @@ class MutualTrainer:
         self._trackers = []
         t_start = time.perf_counter()
         if self.run_dir is not None and not self.resume:
-            # what only shows when read (data files, hub ids) fails here, before anything is written
-            self.plan = resolve(self.plan, read_data=True)
             self._init_files()
         try:
             infos = self.scheduler.start(self.plan, self.run_dir)
@@ -253,11 +256,13 @@ class MutualTrainer:
         try:
             if self.run_dir is not None and self.resume:
                 self._restore()
+                if self._resume_changes:  # written back: a later plain --resume, eval, compare read it
+                    record_resume(self.run_dir, cfg, self._resume_changes, self.start_step)
             if self.run_dir is not None and cfg.report_to:
                 self._trackers = open_trackers(cfg.report_to, self.run_dir, cfg.run_name or self.run_dir.name,
                                                cfg.to_dict(), resume=self.resume)
             if self.run_dir is not None and self.start_step == 0:
-                _atomic_write(self.run_dir / POLICIES_INFO, json.dumps(infos, indent=1))
+                atomic_write_text(self.run_dir / POLICIES_INFO, json.dumps(infos, indent=1))
             _say_unreadable_gold(infos[0].get("data", {}) if infos else {})
             self._loop(t_start)
         except WorkerFailed as exc:
@@ -400,5 +405,5 @@ class MutualTrainer:
             if entry:
                 out["policies"][p.name] = entry
         if self.run_dir is not None:
-            _atomic_write(self.run_dir / SUMMARY, json.dumps(out, indent=1))
+            atomic_write_text(self.run_dir / SUMMARY, json.dumps(out, indent=1))
         return out

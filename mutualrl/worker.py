@@ -31,11 +31,11 @@ from mutualrl.algorithms.sharing import (
     parse_strategy,
 )
 from mutualrl.algorithms.update import train_on_batch
+from mutualrl.allocation.placement import place_in_process
 from mutualrl.checkpoint import load_policy_state, save_policy_state
 from mutualrl.config import RunConfig
 from mutualrl.denormals import denormals_flushed
-from mutualrl.devices import resolve_device
-from mutualrl.exchange import ExchangeURL, open_exchange
+from mutualrl.exchange import open_exchange
 from mutualrl.experience import ExperienceLimits, GroupOutcome, Rollout, VerifiedSuccess
 from mutualrl.faults import fault_point, log_acknowledged
 from mutualrl.heap import retain_freed_memory
@@ -84,10 +84,13 @@ class PolicyWorker(WorkerAPI):
 
     def __init__(self, plan: RunPlan | RunConfig, index: int, run_dir: str | Path | None = None,
                  exchange: Any | None = None) -> None:
-        plan = plan if isinstance(plan, RunPlan) else plan_of(plan)
+        # placed by the placement step (a scheduler's, or here for a worker built from a config)
+        plan = place_in_process(plan if isinstance(plan, RunPlan) else plan_of(plan), run_dir)
         cfg, spec = plan.config, plan.workers[index]
         if spec.threads:
             torch.set_num_threads(spec.threads)
+        if spec.gpu_fraction and spec.device and spec.device.startswith("cuda"):
+            torch.cuda.set_per_process_memory_fraction(float(spec.gpu_fraction), torch.device(spec.device))
         if cfg.retain_freed_memory:
             retain_freed_memory()
         silence_transformers()
@@ -100,7 +103,7 @@ class PolicyWorker(WorkerAPI):
         seed = cfg.seed * 1009 + index
         torch.manual_seed(seed)
         self.task = build_task(cfg.task, run_seed=cfg.seed)
-        self.device = spec.device or resolve_device(self.pcfg.device, cfg.device)
+        self.device = spec.device
         self.policy = Policy(self.name, resolve_model_path(self.pcfg.model), self.options,
                              prompt_template=self.pcfg.prompt_template, system_prompt=self.pcfg.system_prompt,
                              seed=seed, device=self.device, peft=self.pcfg.peft, generation=self.pcfg.generation)
@@ -115,8 +118,7 @@ class PolicyWorker(WorkerAPI):
         vocab.update({p.tokenizer_id: len(p.tokenizer) for p in self.peers.values()})
         self.limits = ExperienceLimits(reward_range=self._reward_range(), vocab_sizes=vocab,
                                        known_prompt_ids=frozenset(self.task.known_ids()))
-        self.exchange = exchange if exchange is not None else open_exchange(str(ExchangeURL.for_run(cfg.exchange, self.run_dir)),
-                                                                           limits=self.limits)
+        self.exchange = exchange if exchange is not None else open_exchange(spec.exchange, limits=self.limits)
         self._groups: dict[int, list[OwnGroup]] = {}
         self.peer_names = frozenset(p.name for i, p in enumerate(cfg.policies) if i != index)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -41,16 +43,37 @@ def test_dotted_overrides_reach_any_field(tiny_config):
 
 
 def test_a_plan_crosses_a_process_boundary_as_json(tiny_config):
-    plan = resolve(tiny_config).placed(1, device="cpu", threads=2)
-    again = RunPlan.from_dict(json.loads(json.dumps(plan.to_dict())))
-    assert again == plan
+    from mutualrl.allocation.placement import exchange_url, place
+    from mutualrl.allocation.planner import Resources, plan_for
+
+    plan = resolve(tiny_config)
+    cfg = plan.config
+    placed = place(plan, plan_for(cfg, Resources(cpus=4)), "local", exchange_url("local", cfg, None, "/tmp/x"))
+    assert placed.placed and all(w.device == "cpu" and w.threads == 2 and w.exchange.endswith("/tmp/x/exchange.db")
+                                 for w in placed.workers)
+    again = RunPlan.from_dict(json.loads(json.dumps(placed.to_dict())))
+    assert again == placed
+
+
+def test_a_resolved_config_is_immutable_all_the_way_down(tiny_config):
+    from mutualrl.schema import FrozenError
+
+    cfg = resolve(tiny_config).config
+    for change in (lambda: setattr(cfg, "steps", 9), lambda: setattr(cfg.grpo, "learning_rate", 1.0),
+                   lambda: cfg.policies.append(cfg.policies[0]), lambda: setattr(cfg.policies[0], "name", "z"),
+                   lambda: cfg.policies[0].grpo.update(beta=1.0), lambda: cfg.task.datasets.clear()):
+        with pytest.raises(FrozenError):
+            change()
+    changed = dataclasses.replace(cfg, steps=9)  # a new config is made, not this one changed
+    assert changed.steps == 9 and cfg.steps != 9
+    assert copy.deepcopy(cfg.policies) == list(cfg.policies)
 
 
 @pytest.mark.parametrize("flags, field", [
     (["--seed", "3"], "seed"),
     (["--strategy", "sgt"], "sharing.strategy"),
     (["--scheduler", "local"], "scheduler"),
-    (["--workers", "1"], "scheduler"),
+    (["--set", "sharing.sgt.weight=0.5"], "sharing.sgt.weight"),
     (["--set", "grpo.learning_rate=1e-3"], "grpo.learning_rate"),
     (["--set", "policies.0.model=zoo:gpt2-add"], "policies.0.model"),
 ])

@@ -7,15 +7,11 @@ step. Only JSON-able values cross the boundary (step numbers in, metric dicts ou
 
 from __future__ import annotations
 
-import dataclasses
-import uuid
 from abc import ABC, abstractmethod
 from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mutualrl.devices import resolve_device
-from mutualrl.exchange import ExchangeURL
 from mutualrl.worker_api import WorkerMethod, remote_name
 
 if TYPE_CHECKING:
@@ -103,19 +99,17 @@ class SequentialScheduler(Scheduler):
     def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
         import torch
 
-        from mutualrl.allocation.planner import planned_devices
+        from mutualrl.allocation.placement import exchange_url, place
+        from mutualrl.allocation.planner import Resources, plan_for
         from mutualrl.worker import PolicyWorker
 
         cfg = plan.config
         threads = self.threads or cfg.threads
         if threads:
             torch.set_num_threads(threads)
-        if ExchangeURL.for_run(cfg.exchange, run_dir) == ExchangeURL("memory", ""):
-            # a bare memory:// store is private to whoever opens it: give this run's workers one
-            # shared store, named uniquely so that no earlier run's rows are visible
-            plan = dataclasses.replace(plan, config=dataclasses.replace(cfg, exchange=f"memory://run-{uuid.uuid4().hex}"))
-        for i, dev in enumerate(planned_devices(cfg)):
-            plan = plan.placed(i, device=resolve_device(cfg.policies[i].device, cfg.device, dev))
+        if not plan.placed:
+            plan = place(plan, plan_for(cfg, Resources.detect()), "sequential",
+                         exchange_url("sequential", cfg, run_dir), threads=threads)
         self.workers = [PolicyWorker(plan, i, run_dir) for i in range(len(cfg.policies))]
         return [w.info() for w in self.workers]
 

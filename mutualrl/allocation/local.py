@@ -11,7 +11,6 @@ metric dicts.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import selectors
@@ -26,8 +25,8 @@ from typing import IO, Any
 
 from mutualrl.allocation.adaptive import AdaptivePlan
 from mutualrl.allocation.base import Scheduler, WorkerFailed
+from mutualrl.allocation.placement import exchange_url, place
 from mutualrl.allocation.planner import Allocation, Resources
-from mutualrl.exchange.url import ExchangeURL
 from mutualrl.resolve import RunPlan
 from mutualrl.worker_api import WorkerAPI
 
@@ -44,17 +43,6 @@ class _Proc:
     inflight: tuple[int, str, float] | None = None
     """(request id, method, deadline) of the call in flight."""
     replies: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _own_gpu(policy_device: str, run_device: str, planned: int | None) -> int | None:
-    """The physical GPU a worker process gets to itself: the policy's (or run's) ``cuda:N``, else the
-    plan's when the device is ``auto``; None on the CPU."""
-    for d in (policy_device, run_device):
-        if d == "cpu":
-            return None
-        if d.startswith("cuda"):
-            return int(d.split(":")[1]) if ":" in d else 0
-    return planned
 
 
 def log_tail(path: Path, n_bytes: int = 1500) -> str:
@@ -113,25 +101,16 @@ class LocalScheduler(Scheduler):
                                  verbose=self.verbose)
         self.plan.say(self.plan.allocation.describe())
         self._scratch = Path(tempfile.mkdtemp(prefix="mutualrl-local-"))
-        shared = str(ExchangeURL.for_run(cfg.exchange, self.run_dir).shared_by_processes(self.run_dir, self._scratch))
-        plan = dataclasses.replace(plan, config=dataclasses.replace(cfg, exchange=shared))
+        if not plan.placed:  # the one placement step, on the allocation the planner made
+            plan = place(plan, self.plan.allocation, "local", exchange_url("local", cfg, self.run_dir, self._scratch))
         logs = (self.run_dir / "logs") if self.run_dir is not None else self._scratch
         logs.mkdir(parents=True, exist_ok=True)
         try:
-            for i, pol in enumerate(cfg.policies):
-                pl = self.plan.allocation.placements[i]
-                gpu = _own_gpu(pol.device, cfg.device, pl.gpu)
-                self.procs.append(self._spawn(i, pol.name, pl.threads, logs / f"worker-{i}-{pol.name}.log", gpu))
+            for spec in plan.workers:
+                self.procs.append(self._spawn(spec.index, spec.name, spec.threads or 1,
+                                              logs / f"worker-{spec.index}-{spec.name}.log", spec.visible_gpu))
             for p in self.procs:
-                pl = self.plan.allocation.placements[p.index]
-                pol = cfg.policies[p.index]
-                # a worker given its own GPU sees it as cuda:0 (CUDA_VISIBLE_DEVICES) and is held to its share
-                gpu = _own_gpu(pol.device, cfg.device, pl.gpu)
-                device = "cuda:0" if gpu is not None else "cpu"
-                frac = pl.gpu_fraction if gpu is not None and 0 < pl.gpu_fraction < 1 else None
-                placed = plan.placed(p.index, device=device, threads=pl.threads)
-                self._send(p, "__init__", [placed.to_dict(), p.index, str(self.run_dir) if self.run_dir else None,
-                                           pl.nice, frac])
+                self._send(p, "__init__", [plan.to_dict(), p.index, str(self.run_dir) if self.run_dir else None])
             infos = self._gather(list(range(len(self.procs))))
             self.timeout = float(cfg.step_timeout_s)
         except BaseException:

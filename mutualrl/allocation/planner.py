@@ -30,7 +30,6 @@ from mutualrl.allocation.cost import (
     estimate_parameters,
 )
 from mutualrl.config import RunConfig
-from mutualrl.devices import cuda_count
 
 NICE_STEP = 1.25
 """Linux CFS: each nice level changes a thread's weight by about 1.25x."""
@@ -438,10 +437,12 @@ def _plan_nodes(cfg: RunConfig, resources: Resources, costs: CostModel) -> list[
     return sorted(out, key=lambda p: p.index)
 
 
-def planned_devices(cfg: RunConfig) -> list[str | None]:
-    """The device the resource plan gives each policy on this machine (None for all: no GPU here)."""
-    if cuda_count() == 0:
-        return [None] * len(cfg.policies)
-
-    alloc = plan(cfg, Resources.detect(), CostModel(cfg, estimate_parameters(cfg)))
-    return [p.device for p in alloc.placements]
+def plan_for(cfg: RunConfig, resources: Resources) -> Allocation:
+    """:func:`plan`, without pricing the policies when there is nothing to choose between (CPU cores
+    alone, one node): then every worker gets an equal share (what workers sharing one process get)."""
+    if resources.gpus or resources.nodes:
+        return plan(cfg, resources)
+    k = max(1, len(cfg.policies))
+    share = resources.cpus / k
+    return Allocation([Placement(i, p.name, 0, share, max(1, int(share))) for i, p in enumerate(cfg.policies)],
+                      resources, "equal")

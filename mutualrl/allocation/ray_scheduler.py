@@ -13,25 +13,21 @@ has the ``step_timeout_s`` deadline; a dead actor or a late answer raises
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mutualrl.allocation.adaptive import AdaptivePlan
 from mutualrl.allocation.base import Scheduler, WorkerFailed
+from mutualrl.allocation.placement import exchange_url, place
 from mutualrl.allocation.planner import Allocation, Placement, Resources
 from mutualrl.config import RunConfig
 from mutualrl.errors import UserError
 from mutualrl.exchange import open_exchange
-from mutualrl.exchange.url import ExchangeURL
 from mutualrl.resolve import RunPlan
 from mutualrl.worker import PolicyWorker
 from mutualrl.worker_api import WorkerAPI, remote_name
@@ -40,16 +36,10 @@ from mutualrl.worker_api import WorkerAPI, remote_name
 class RayPolicyWorker:
     """The actor body: a :class:`~mutualrl.worker.PolicyWorker` behind a JSON-text interface."""
 
-    def __init__(self, plan_json: str, index: int, run_dir: str | None, gpu_fraction: float | None = None) -> None:
+    def __init__(self, plan_json: str, index: int, run_dir: str | None) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        import ray
-
-        plan = RunPlan.from_dict(json.loads(plan_json))  # resolved by the controller: nothing is checked again
-        if ray.get_gpu_ids():  # Ray set CUDA_VISIBLE_DEVICES to the GPU this actor's bundle reserved
-            plan = plan.placed(index, device="cuda:0", threads=plan.workers[index].threads)
-            if gpu_fraction and gpu_fraction < 1:
-                torch.cuda.set_per_process_memory_fraction(float(gpu_fraction), torch.device("cuda:0"))
-        self.worker = PolicyWorker(plan, index, run_dir)
+        # resolved and placed by the controller (a planned GPU is the bundle's, seen as cuda:0)
+        self.worker = PolicyWorker(RunPlan.from_dict(json.loads(plan_json)), index, run_dir)
 
     def call(self, method: str, args_json: str) -> str:
         """Run ``method(*args)``; the reply is JSON text with the result, wall and CPU time."""
@@ -144,7 +134,8 @@ class RayScheduler(Scheduler):
         self.plan.fixed = True  # Ray bundles are fixed once placed: calibrate, report, do not move
         self.plan.say(self.plan.allocation.describe())
         self.exchange_url = self._exchange(cfg, resources)
-        plan = dataclasses.replace(plan, config=dataclasses.replace(cfg, exchange=self.exchange_url))
+        if not plan.placed:  # the one placement step, on the allocation the planner made
+            plan = place(plan, self.plan.allocation, "ray", self.exchange_url)
         self.names = [p.name for p in cfg.policies]
         actor_cls = ray.remote(RayPolicyWorker)
         try:
@@ -164,8 +155,7 @@ class RayScheduler(Scheduler):
                 actor = actor_cls.options(
                     num_cpus=b["CPU"], num_gpus=b.get("GPU", 0), max_restarts=0, max_concurrency=1,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(self.groups[i], placement_group_bundle_index=0),
-                ).remote(json.dumps(plan.placed(i, threads=max(1, pl.threads)).to_dict()), i,
-                         str(self.run_dir) if self.run_dir else None, pl.gpu_fraction if pl.gpu is not None else None)
+                ).remote(json.dumps(plan.to_dict()), i, str(self.run_dir) if self.run_dir else None)
                 self.actors.append(actor)
             wheres = self._gather([a.where.remote() for a in self.actors], "start", raw=True)
             self.node_ids = [json.loads(w)["node_id"] for w in wheres]
@@ -180,23 +170,15 @@ class RayScheduler(Scheduler):
         return infos
 
     def _exchange(self, cfg: RunConfig, resources: Resources) -> str:
-        """The exchange URL for the workers (see the module doc)."""
+        """The exchange URL for the workers (:func:`~mutualrl.allocation.placement.exchange_url`); a
+        ``ray://`` store of the run's own is created here, so that its actor lives on the driver's node."""
         if self.exchange_override:
             return self.exchange_override
-
-        ex = ExchangeURL.for_run(cfg.exchange, self.run_dir)
-        if cfg.exchange != "sqlite" and ex.scheme != "memory":
-            return str(ex)  # an explicit sqlite:/// or ray:// URL is used as given
-        # the run's own store: its sqlite file, behind a Ray actor when the workers span several nodes
         if self.run_dir is None:
             self._scratch = tempfile.mkdtemp(prefix="mutualrl-ray-")
-        db = str(ExchangeURL("memory", "").shared_by_processes(self.run_dir, self._scratch or "."))
-        if len(resources.nodes) <= 1:
-            return db
-
-        name = f"{self.run_dir.name if self.run_dir else 'run'}-{uuid.uuid4().hex[:8]}"
-        url = f"ray://{name}?store={db}" if self.run_dir is not None else f"ray://{name}"
-        self._driver_exchange = open_exchange(url)  # created here: the actor lives on the driver's node
+        url = exchange_url("ray", cfg, self.run_dir, self._scratch, nodes=len(resources.nodes))
+        if url.startswith("ray://") and cfg.exchange in ("sqlite", "memory://"):
+            self._driver_exchange = open_exchange(url)
         return url
 
     def close(self) -> None:

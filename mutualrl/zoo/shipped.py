@@ -67,17 +67,3 @@ def verified_dir(name: str) -> Path:
                                       f"says {digest[:16]}…; reinstall mutualrl, or build it on this machine "
                                       f"with `mutualrl zoo build --rebuild --names {name}`")
     return d
-
-
-def write_manifest(dirs: dict[str, tuple[Path, str]], built_on: str) -> Path:
-    """Record ``{name: (shipped directory, spec cache key)}`` in :data:`MANIFEST` (maintainers,
-    after copying a build into :data:`SHIPPED_ROOT`)."""
-    policies = {}
-    for name, (d, key) in sorted(dirs.items()):
-        card = json.loads((d / "zoo_card.json").read_text(encoding="utf-8"))
-        policies[name] = {"cache_key": key, "weights_sha256": card["weights_sha256"], "built_on": built_on,
-                          "files": {p.name: file_sha256(p) for p in sorted(d.iterdir()) if p.is_file()}}
-    MANIFEST.write_text(json.dumps({"policies": policies}, indent=1) + "\n", encoding="utf-8")
-    manifest.cache_clear()
-    verified_dir.cache_clear()
-    return MANIFEST
