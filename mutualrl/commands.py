@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mutualrl.config import RESUMABLE
 from mutualrl.demo import DEMO_ARMS, run_demo
 from mutualrl.errors import UserError
 from mutualrl.paths import METRICS
@@ -27,14 +28,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", help="run directory (default: runs/<config name>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last good checkpoint")
     p.add_argument("--steps", type=int, help="override the number of steps (also when resuming: run further)")
-    p.add_argument("--strategy", help="override sharing.strategy (independent, prp, xgrpo, sgt, a+b)")
+    p.add_argument("--strategy", help="override sharing.strategy: a registered step or an a+b chain "
+                   "(mutualrl strategies lists them)")
     p.add_argument("--seed", type=int, help="override the seed")
     p.add_argument("--scheduler", choices=["sequential", "local", "ray"], help="override the scheduler")
     p.add_argument("--workers", type=int, choices=[1], help="--workers 1 runs every policy in this process")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE",
                    help="override any config field by its dotted path, e.g. --set policies.0.grpo.learning_rate=3e-5 "
-                   "(repeatable). With --resume only steps, step_timeout_s and report_to may change; any other "
-                   "override is refused (exit 2), never dropped")
+                   f"(repeatable). With --resume only {', '.join(sorted(RESUMABLE))} may change (steps not under a "
+                   "linear/cosine schedule or warmup_ratio); any other override is refused (exit 2), never dropped")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
@@ -65,8 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--quick", action="store_true", help="a smaller run (fewer steps and test problems)")
     p.add_argument("--arms", default=",".join(DEMO_ARMS),
-                   help=f"comma-separated strategies (default {','.join(DEMO_ARMS)}; also prp, xgrpo, sgt, guide, "
-                   "self_imitate, imitate+prp, ...)")
+                   help=f"comma-separated strategies (default {','.join(DEMO_ARMS)}; any registered step or a+b "
+                   "chain: mutualrl strategies lists them)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
     p.add_argument("--steps", type=int, help="override the number of steps")
     p.add_argument("--force", action="store_true", help="overwrite an existing output directory")
@@ -76,6 +78,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("-o", "--output", default="report", help="output directory for report.md and figures")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("strategies", help="list the registered sharing steps with what each does",
+                       description="Every registered sharing step (the built-in ones and those of --module "
+                       "packages): its name, what it does, its settings block (sharing.<step>:) and what it "
+                       "needs of the batch. Chain them with +, e.g. imitate+prp.")
+    p.add_argument("--module", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (where your own steps are registered; repeatable)")
+    p.set_defaults(func=cmd_strategies)
 
     p = sub.add_parser("tasks", help="list reasoning-gym datasets usable as tasks")
     p.add_argument("action", choices=["list"])
@@ -172,4 +182,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_tasks(args: argparse.Namespace) -> int:
     for name in available_datasets():
         sys.stdout.write(name + "\n")
+    return 0
+
+
+def cmd_strategies(args: argparse.Namespace) -> int:
+    import importlib
+    import dataclasses
+
+    from mutualrl.algorithms.registry import available_strategies, strategy_step
+
+    for module in args.module:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise UserError(f"--module {module}: cannot import it ({exc}); give an importable module name") from exc
+    for name in available_strategies():
+        step = strategy_step(name)
+        assert step is not None
+        sys.stdout.write(f"{name}: {step.description}\n")
+        if step.settings is not None:
+            fields = ", ".join(f.name for f in dataclasses.fields(step.settings))
+            sys.stdout.write(f"    settings (sharing.{name}): {fields}\n")
+        for label, names in (("needs", step.needs), ("provides", step.provides), ("breaks", step.breaks)):
+            if names:
+                sys.stdout.write(f"    {label}: {', '.join(sorted(names))}\n")
     return 0

@@ -62,7 +62,7 @@ class GRPOOptions(Freezable):
     compute; TRL's name)."""
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate schedule after warm-up, over the run's ``steps``: ``constant``, ``linear``
-    decay to 0 or ``cosine`` decay to 0 (TRL's names)."""
+    or ``cosine`` decay to 0.1 % of ``learning_rate`` at the last step (TRL's names)."""
     warmup_steps: int = bounded(0, ge=0)
     """Steps of linear warm-up from 0 to ``learning_rate`` (overrides ``warmup_ratio``)."""
     warmup_ratio: float = bounded(0.0, ge=0, lt=1)
@@ -212,9 +212,8 @@ class SharingConfig(Freezable):
     its step (:func:`mutualrl.algorithms.sharing.register_strategy`) and checked by the resolver."""
 
     strategy: str = "independent"
-    """A registered step (``mutualrl strategies`` lists them: ``prp``, ``xgrpo``, ``sgt``, ``guide``,
-    ``imitate``, ``self_imitate``, ...) or a ``+`` chain of them (``xgrpo+sgt``); ``independent`` shares
-    nothing."""
+    """A registered step (``mutualrl strategies`` lists every one with what it does) or a ``+``
+    chain of them (``xgrpo+sgt``); ``independent`` shares nothing."""
     max_staleness: int = bounded(0, ge=0)
     """Peer rows older than this many versions are ignored (0 = this step's rows only)."""
     modules: list[str] = field(default_factory=list)
@@ -269,6 +268,12 @@ def _move_legacy_sharing(data: dict[str, Any]) -> dict[str, Any]:
     warnings.warn("deprecated sharing fields (they go in the next release): " + "; ".join(moved), FutureWarning,
                   stacklevel=3)
     return {**data, "sharing": sharing}
+
+
+RESUMABLE: frozenset[str] = frozenset({"steps", "step_timeout_s", "report_to", "run_name", "save_final_model"})
+"""Fields a resumed run may change: how long it runs, how it reports and whether it exports its final
+models (``steps`` only under a schedule that does not depend on it: :mod:`mutualrl.resume`). Anything
+else would make the resumed steps differ from the ones an uninterrupted run computes."""
 
 
 @dataclass

@@ -5,7 +5,7 @@
 :class:`RunPlan` it returns unchanged; worker processes receive it as JSON
 (:meth:`RunPlan.to_dict`) and rebuild it without re-reading anything. Overrides are dotted paths
 into the config (``policies.0.grpo.learning_rate=3e-5``, :func:`parse_overrides`); on a resumed
-run an override is applied only where it cannot change what was already computed (:data:`RESUMABLE`)
+run an override is applied only where it cannot change what was already computed (:data:`~mutualrl.config.RESUMABLE`)
 and refused otherwise, naming the field (:func:`resolve_run`).
 
 The checks here are those that look outside the config: strategy names (the registry), datasets
@@ -33,7 +33,8 @@ from mutualrl.algorithms.registry import (
     parse_strategy,
     strategy_step,
 )
-from mutualrl.config import (
+from mutualrl.config import (  # noqa: F401  (RESUMABLE: re-exported, its documented home here)
+    RESUMABLE,
     GRPOOptions,
     RunConfig,
     TaskConfig,
@@ -56,12 +57,6 @@ from mutualrl.tasks.gym import check_dataset
 from mutualrl.tasks.rewards import load_reward_function
 from mutualrl.tasks.rows import SourceFieldError
 from mutualrl.tracking import missing_package
-
-RESUMABLE: frozenset[str] = frozenset({"steps", "step_timeout_s", "report_to", "run_name", "save_final_model"})
-"""Fields a resumed run may change: how long it runs, how it reports and whether it exports its final
-models (``steps`` only under a schedule that does not depend on it: :mod:`mutualrl.resume`). Anything
-else would make the resumed steps differ from the ones an uninterrupted run computes."""
-
 
 @dataclass(frozen=True)
 class WorkerSpec:
@@ -233,7 +228,7 @@ def _read_data(cfg: RunConfig) -> None:
 
 def resolve_run(run_dir: str | Path, overrides: Mapping[str, Any] | None = None) -> RunPlan:
     """The plan of an existing run directory (its saved ``config.yaml``) for ``--resume`` and
-    ``eval``: overrides of :data:`RESUMABLE` fields are applied, any other is refused naming it."""
+    ``eval``: overrides of :data:`~mutualrl.config.RESUMABLE` fields are applied, any other is refused naming it."""
     from mutualrl.resume import check_resumable
 
     d = Path(run_dir)

@@ -2,7 +2,7 @@
 
 A resumed run must compute the steps an uninterrupted run would. So a resume (``mutualrl train
 --resume RUN --set ...`` or ``MutualTrainer(config, RUN, resume=True)`` from Python: the same check)
-may change only the fields of :data:`~mutualrl.resolve.RESUMABLE` (how long it runs, how it
+may change only the fields of :data:`~mutualrl.config.RESUMABLE` (how long it runs, how it
 reports, whether it exports its final models), and ``steps`` only where no learning-rate schedule
 depends on the run's total (``lr_scheduler_type`` linear or cosine, or a ``warmup_ratio``): there a
 new total would change the learning rate of steps already trained, so it is refused. An accepted
@@ -21,10 +21,9 @@ from typing import Any
 import yaml
 
 from mutualrl.checkpoint import atomic_write_text
-from mutualrl.config import RunConfig
+from mutualrl.config import RESUMABLE, RunConfig
 from mutualrl.errors import ConfigError
 from mutualrl.paths import RUN_CONFIG
-from mutualrl.resolve import RESUMABLE
 
 RESUMES = "resumes.json"
 """The run directory's record of accepted changes on resume (a JSON list, oldest first)."""

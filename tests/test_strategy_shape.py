@@ -269,3 +269,28 @@ def test_the_update_sums_terms_over_whole_batch_counts(tiny_models):
         parts = reduce(a, mask[:2], "policy_gradient", counts, opts) + reduce(b, mask[2:], "policy_gradient",
                                                                                counts, opts)
         assert float(parts) == pytest.approx(float(whole), rel=1e-12), lt
+
+
+def test_the_strategy_list_the_cli_shows_is_the_registry(tmp_path, monkeypatch, capsys):
+    """``mutualrl strategies`` lists every registered step (a user's too, with ``--module``) with its
+    settings block; the help of ``--strategy`` and ``--set`` names no list that can go stale."""
+    from mutualrl.cli import build_parser, main
+    from mutualrl.config import RESUMABLE
+
+    (tmp_path / "my_listed_steps.py").write_text(
+        "from mutualrl.algorithms.sharing import register_strategy\n"
+        "@register_strategy('test_listed_noop')\n"
+        "def noop(ctx, batch):\n"
+        "    '''Adds nothing. Second sentence not shown.'''\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert main(["strategies", "--module", "my_listed_steps"]) == 0
+        out = capsys.readouterr().out
+        names = [line.split(":")[0] for line in out.splitlines() if not line.startswith(" ")]
+        assert names == available_strategies() and "test_listed_noop" in names
+        assert "test_listed_noop: Adds nothing.\n" in out and "settings (sharing.imitate): weight" in out
+    finally:
+        unregister_strategy("test_listed_noop")
+    assert main(["strategies", "--module", "no_such_module_z"]) == 2
+    train = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    assert all(f in " ".join(train.split()) for f in RESUMABLE)

@@ -177,7 +177,7 @@ def register_strategy(name: str, *, settings: type | None = None, rows: Mapping[
                              "choose another name")
         _REGISTRY[name] = StrategyStep(name, fn, settings, rows, frozenset(reads), frozenset(needs),
                                        frozenset(provides), frozenset(breaks), frozenset(conflicts),
-                                       description or (fn.__doc__ or "").strip().split("\n")[0], replay_steps,
+                                       description or _first_sentence(fn.__doc__), replay_steps,
                                        peer_rollouts)
         for kind in rows:
             _KIND_OWNER[kind] = name
@@ -191,6 +191,13 @@ def unregister_strategy(name: str) -> None:
     step = _REGISTRY.pop(name, None)
     for kind in step.rows if step else ():
         _KIND_OWNER.pop(kind, None)
+
+
+def _first_sentence(doc: str | None) -> str:
+    """A docstring's first sentence on one line (a step's description when it gives none)."""
+    text = " ".join((doc or "").strip().split("\n\n")[0].split())
+    end = text.find(". ")
+    return text if end < 0 else text[:end + 1]
 
 
 def available_strategies() -> list[str]:
