@@ -7,6 +7,8 @@ transformers come with them), so ``mutualrl --help`` starts without them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -186,9 +188,6 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def cmd_strategies(args: argparse.Namespace) -> int:
-    import importlib
-    import dataclasses
-
     from mutualrl.algorithms.registry import available_strategies, strategy_step
 
     for module in args.module:

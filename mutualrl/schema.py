@@ -10,6 +10,8 @@ a whole tree of dataclasses against them, naming the dotted path of the first va
 
 from __future__ import annotations
 
+import copy
+
 import dataclasses
 import difflib
 import types
@@ -197,7 +199,6 @@ class FrozenList(list):
         return (FrozenList, (list(self),))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> list[Any]:
-        import copy
 
         return [copy.deepcopy(v, memo) for v in self]  # a copy is the caller's to change
 
@@ -215,7 +216,6 @@ class FrozenDict(dict):
         return (FrozenDict, (dict(self),))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> dict[Any, Any]:
-        import copy
 
         return {k: copy.deepcopy(v, memo) for k, v in self.items()}
 

@@ -13,6 +13,8 @@ Backends differ only in how a device is seen: ``local`` gives each worker proces
 
 from __future__ import annotations
 
+from mutualrl.allocation.planner import Resources, plan_for
+
 import dataclasses
 import uuid
 from pathlib import Path
@@ -97,7 +99,6 @@ def place(plan: RunPlan, allocation: Allocation, backend: str, exchange: str, *,
 def place_in_process(plan: RunPlan, run_dir: str | Path | None = None) -> RunPlan:
     """The placement of a plan whose workers share this process (the sequential backend, or a
     worker built directly from a config): planned GPUs when there are any, the run's exchange."""
-    from mutualrl.allocation.planner import Resources, plan_for
 
     if plan.placed:
         return plan
