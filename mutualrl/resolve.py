@@ -58,6 +58,7 @@ from mutualrl.tasks.rewards import load_reward_function
 from mutualrl.tasks.rows import SourceFieldError
 from mutualrl.tracking import missing_package
 
+
 @dataclass(frozen=True)
 class WorkerSpec:
     """What one policy worker runs with: its policy, its effective GRPO options and, once the plan is

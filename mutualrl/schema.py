@@ -11,7 +11,6 @@ a whole tree of dataclasses against them, naming the dotted path of the first va
 from __future__ import annotations
 
 import copy
-
 import dataclasses
 import difflib
 import types

@@ -8,25 +8,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _stop import _Stop, _StopAfterStep3
 
 from mutualrl.cli import main
 from mutualrl.errors import ConfigError
 from mutualrl.resolve import resolve_run
 from mutualrl.resume import resumes
 from mutualrl.trainer import MutualTrainer
-
-
-class _Stop(Exception):
-    pass
-
-
-class _StopAfterStep3(MutualTrainer):
-    """Dies right after the checkpoint of step 3 (index 2), as a second crash there would."""
-
-    def _step_done(self, step, rows, bar):
-        super()._step_done(step, rows, bar)
-        if step + 1 == 3:
-            raise _Stop
 
 
 def _config(tiny_models, **grpo) -> dict:

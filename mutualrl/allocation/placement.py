@@ -13,13 +13,11 @@ Backends differ only in how a device is seen: ``local`` gives each worker proces
 
 from __future__ import annotations
 
-from mutualrl.allocation.planner import Resources, plan_for
-
 import dataclasses
 import uuid
 from pathlib import Path
 
-from mutualrl.allocation.planner import Allocation, Placement
+from mutualrl.allocation.planner import Allocation, Placement, Resources, plan_for
 from mutualrl.config import RunConfig
 from mutualrl.exchange.url import ExchangeURL
 from mutualrl.resolve import RunPlan
