@@ -234,24 +234,40 @@ def load_module(module: Any, path: str | os.PathLike[str], keys: Iterable[str] |
         raise CheckpointError(f"{path}: weights not loaded for {left[:5]}")
 
 
-def save_policy_state(directory: str | os.PathLike[str], policy: Any, extra: dict[str, Any]) -> None:
+def rank_file(name: str, rank: int) -> str:
+    """A per-rank file of a policy's checkpoint: ``name`` for rank 0 (and a policy of one worker),
+    ``<stem>-rank<r><suffix>`` for the others (``rng-rank1.pt``)."""
+    if rank == 0:
+        return name
+    stem, dot, suffix = name.partition(".")
+    return f"{stem}-rank{rank}{dot}{suffix}"
+
+
+def save_policy_state(directory: str | os.PathLike[str], policy: Any, extra: dict[str, Any], rank: int = 0) -> None:
     """Write one policy's resumable state into ``directory``: its trainable weights (every weight,
     or only the adapter with LoRA), optimizer state, RNG states (its sampling generator, torch's,
-    Python's and NumPy's) and ``extra`` (JSON-able counters)."""
+    Python's and NumPy's) and ``extra`` (JSON-able counters).
+
+    A policy on several data-parallel ranks: every rank holds the same weights and optimizer state,
+    so rank 0 alone writes them; each rank writes its own RNG states and counters
+    (:func:`rank_file`), so that a resumed rank samples what it would have sampled."""
     import torch
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    save_module(policy.model, d / MODEL_FILE, policy.checkpoint_keys())
-    for phase, opt in policy.optimizers.items():
-        torch.save(opt.state_dict(), d / optimizer_file(phase))
-    torch.save({"generator": policy.generator.get_state(), "torch": torch.get_rng_state()}, d / RNG_FILE)
+    if rank == 0:
+        save_module(policy.model, d / MODEL_FILE, policy.checkpoint_keys())
+        for phase, opt in policy.optimizers.items():
+            torch.save(opt.state_dict(), d / optimizer_file(phase))
+    torch.save({"generator": policy.generator.get_state(), "torch": torch.get_rng_state()},
+               d / rank_file(RNG_FILE, rank))
     state = {"python_random": _py_random_state(), "numpy_random": _np_random_state(), **extra}
-    (d / STATE_FILE).write_text(json.dumps(state), encoding="utf-8")
+    (d / rank_file(STATE_FILE, rank)).write_text(json.dumps(state), encoding="utf-8")
 
 
-def load_policy_state(directory: str | os.PathLike[str], policy: Any) -> dict[str, Any]:
-    """Restore what :func:`save_policy_state` wrote (RNG states included); returns its ``extra``."""
+def load_policy_state(directory: str | os.PathLike[str], policy: Any, rank: int = 0) -> dict[str, Any]:
+    """Restore what :func:`save_policy_state` wrote (RNG states included, ``rank``'s own); returns its
+    ``extra``."""
     import torch
 
     d = Path(directory)
@@ -265,10 +281,10 @@ def load_policy_state(directory: str | os.PathLike[str], policy: Any) -> dict[st
             raise CheckpointError(f"{path}: missing: the checkpoint holds no state of optimizer phase {phase!r} "
                                   "(was it written by a run with another sharing strategy?)")
         opt.load_state_dict(torch.load(path, weights_only=True))
-    rng = torch.load(d / RNG_FILE, weights_only=True)
+    rng = torch.load(d / rank_file(RNG_FILE, rank), weights_only=True)
     policy.generator.set_state(rng["generator"])
     torch.set_rng_state(rng["torch"])
-    state = json.loads((d / STATE_FILE).read_text(encoding="utf-8"))
+    state = json.loads((d / rank_file(STATE_FILE, rank)).read_text(encoding="utf-8"))
     _set_py_random_state(state.pop("python_random"))
     _set_np_random_state(state.pop("numpy_random"))
     return state

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -18,6 +17,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from mutualrl.errors import ConfigError
+from mutualrl.legacy import move_legacy_sharing
 from mutualrl.schema import Freezable, bounded, build, check_bounds, thaw
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "token_mean"]
@@ -202,6 +202,10 @@ class PolicyConfig(Freezable):
     peft: PeftConfig | None = None
     """LoRA adapter settings; none trains every weight."""
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    workers: int = bounded(1, ge=1, le=1024)
+    """Data-parallel ranks that train this policy (``local`` or ``ray`` scheduler): each rolls out
+    its share of the step's prompts, and their gradients are summed, so the update is the one a
+    single worker makes on the whole step (``docs/allocation.md``, "A policy on several workers")."""
 
 
 @dataclass
@@ -224,50 +228,6 @@ class SharingConfig(Freezable):
 
     __open_field__: ClassVar[str] = "steps"
     """Keys of the section that are not fields are step blocks, collected into :attr:`steps`."""
-
-
-LEGACY_SHARING: dict[str, tuple[str, tuple[str, ...]]] = {
-    "sgt_lambda": ("weight", ("sgt", "imitate", "self_imitate")),
-    "sgt_max_per_step": ("max_rows", ("sgt", "imitate")),
-    "sgt_replay_own": ("replay_own", ("sgt",)),
-    "sgt_learning_rate": ("learning_rate", ("sgt", "imitate", "self_imitate")),
-    "prp_ratio_clip": ("ratio_clip", ("prp",)),
-    "prp_max_peer_per_prompt": ("max_per_prompt", ("prp",)),
-    "prp_peer_weight": ("weight", ("prp",)),
-    "guide_max_per_group": ("max_per_group", ("guide",)),
-    "guide_gate": ("gate", ("guide",)),
-    "guide_weight": ("weight", ("guide",)),
-    "guide_shaping_gamma": ("shaping_gamma", ("guide",)),
-    "replay_steps": ("replay_steps", ("imitate",)),
-}
-"""The flat ``sharing.*`` names of earlier releases -> (the field, the steps whose block it moves to);
-they still work for this release, with a warning naming the new field."""
-
-
-def _move_legacy_sharing(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` (a config mapping) with the flat sharing names of earlier releases moved into the
-    step blocks they belong to, one ``FutureWarning`` naming the new fields."""
-    sharing = data.get("sharing")
-    if not isinstance(sharing, dict) or not set(sharing) & set(LEGACY_SHARING):
-        return data
-    sharing = dict(sharing)
-    moved = []
-    for old, (name, steps) in LEGACY_SHARING.items():
-        if old not in sharing:
-            continue
-        value = sharing.pop(old)
-        for step in steps:
-            block = sharing.get(step, {})
-            if not isinstance(block, dict):
-                raise ConfigError(f"sharing.{step}", f"expected a mapping of {step}'s settings, got {block!r}")
-            if name in block and block[name] != value:
-                raise ConfigError(f"sharing.{old}", f"give either sharing.{old} (deprecated) or sharing.{step}.{name}, "
-                                  "not both")
-            sharing[step] = {**block, name: value}
-        moved.append(f"sharing.{old} -> " + " / ".join(f"sharing.{st}.{name}" for st in steps))
-    warnings.warn("deprecated sharing fields (they go in the next release): " + "; ".join(moved), FutureWarning,
-                  stacklevel=3)
-    return {**data, "sharing": sharing}
 
 
 RESUMABLE: frozenset[str] = frozenset({"steps", "step_timeout_s", "report_to", "run_name", "save_final_model"})
@@ -430,6 +390,12 @@ def check_config(cfg: RunConfig) -> RunConfig:
             raise ConfigError(f"{p}.prompt_template",
                               f"must contain '{{question}}' or be 'chat', got {pol.prompt_template!r}")
         check_bounds(cfg.policy_grpo(i), f"{p}.grpo")
+        if pol.workers > 1 and cfg.scheduler == "sequential":
+            raise ConfigError(f"{p}.workers", f"{pol.workers} ranks need worker processes: set scheduler: local "
+                              "(this machine) or ray (a cluster), or workers: 1")
+        if cfg.prompts_per_step % pol.workers:
+            raise ConfigError(f"{p}.workers", f"prompts_per_step ({cfg.prompts_per_step}) must divide evenly "
+                              f"among the {pol.workers} ranks (each rolls out an equal share)")
     check_task(cfg.task)
     return cfg
 
@@ -466,4 +432,4 @@ def parse_config(data: dict[str, Any]) -> RunConfig:
     :func:`check_config`."""
     if not isinstance(data, dict):
         raise ConfigError("<root>", f"expected a mapping of config fields, got {type(data).__name__}")
-    return check_config(build(RunConfig, _move_legacy_sharing(_apply_aliases(data)), ""))
+    return check_config(build(RunConfig, move_legacy_sharing(_apply_aliases(data)), ""))

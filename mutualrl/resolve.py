@@ -79,9 +79,20 @@ class WorkerSpec:
     node: str | None = None
     cpu_share: float | None = None
     exchange: str | None = None
+    rank: int = 0
+    """This worker's rank among its policy's ``workers`` (data-parallel ranks; 0 for a policy of one)."""
+    world: int = 1
+    """The policy's number of ranks."""
+    rendezvous: str | None = None
+    """Where the policy's ranks meet (``tcp://HOST:PORT/PREFIX``, the scheduler's store; ``world`` > 1)."""
 
     PLACEMENT: ClassVar[tuple[str, ...]] = ("device", "visible_gpu", "gpu_fraction", "threads", "nice", "node",
-                                            "cpu_share", "exchange")
+                                            "cpu_share", "exchange", "rendezvous")
+
+    @property
+    def label(self) -> str:
+        """The worker as errors and logs name it: the policy, and its rank when it has several."""
+        return self.name if self.world == 1 else f"{self.name} rank {self.rank}"
 
 
 @dataclass(frozen=True)
@@ -91,12 +102,20 @@ class RunPlan:
 
     config: RunConfig
     workers: tuple[WorkerSpec, ...]
+    """Every worker, policy by policy and rank by rank within a policy."""
     data_read: bool = False
     """Whether the task's data and the models' hub ids were read while resolving (``read_data``)."""
     placed: bool = False
 
     def __post_init__(self) -> None:
         freeze(self.config)  # nothing may change a resolved config: a new one is resolved again
+
+    def spec(self, index: int, rank: int = 0) -> WorkerSpec:
+        """The worker of policy ``index`` at ``rank``."""
+        for w in self.workers:
+            if w.index == index and w.rank == rank:
+                return w
+        raise KeyError(f"no worker for policy {index} rank {rank}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (for a worker process or actor): the config and the placements."""
@@ -115,7 +134,8 @@ class RunPlan:
 
 def plan_of(cfg: RunConfig) -> RunPlan:
     """The plan of an already checked config (not placed yet)."""
-    return RunPlan(cfg, tuple(WorkerSpec(i, p.name, cfg.policy_grpo(i)) for i, p in enumerate(cfg.policies)))
+    return RunPlan(cfg, tuple(WorkerSpec(i, p.name, cfg.policy_grpo(i), rank=r, world=p.workers)
+                              for i, p in enumerate(cfg.policies) for r in range(p.workers)))
 
 
 # ----------------------------------------------------------------------------- overrides

@@ -3,6 +3,11 @@
 The controller (:class:`~mutualrl.trainer.MutualTrainer`) only sends step numbers; a worker
 samples the step's prompts itself (deterministic in seed and step, identical for every worker),
 so the same worker runs in-process, in a subprocess or as a Ray actor.
+
+A policy with ``workers: N`` is N such workers, its data-parallel *ranks*
+(:mod:`mutualrl.distributed`): each takes every N-th of the step's prompts (whole groups, so
+advantages and the exchange's per-prompt keys are those of one worker), publishes and queries for
+its own prompts, builds its part of the batch, and trains with the ranks' gradients summed.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from mutualrl.allocation.placement import place_in_process
 from mutualrl.checkpoint import load_policy_state, save_policy_state
 from mutualrl.config import RunConfig
 from mutualrl.denormals import denormals_flushed
+from mutualrl.distributed import RankGroup
 from mutualrl.exchange import open_exchange
 from mutualrl.experience import ExperienceLimits, GroupOutcome, Rollout, VerifiedSuccess
 from mutualrl.faults import fault_point, log_acknowledged
@@ -83,10 +89,10 @@ class PolicyWorker(WorkerAPI):
     its scheduler calls; nothing else of it is remotely callable)."""
 
     def __init__(self, plan: RunPlan | RunConfig, index: int, run_dir: str | Path | None = None,
-                 exchange: Any | None = None) -> None:
+                 exchange: Any | None = None, rank: int = 0) -> None:
         # placed by the placement step (a scheduler's, or here for a worker built from a config)
         plan = place_in_process(plan if isinstance(plan, RunPlan) else plan_of(plan), run_dir)
-        cfg, spec = plan.config, plan.workers[index]
+        cfg, spec = plan.config, plan.spec(index, rank)
         if spec.threads:
             torch.set_num_threads(spec.threads)
         if spec.gpu_fraction and spec.device and spec.device.startswith("cuda"):
@@ -100,13 +106,17 @@ class PolicyWorker(WorkerAPI):
         self.name = self.pcfg.name
         self.run_dir = Path(run_dir) if run_dir else None
         self.options = spec.options
-        seed = cfg.seed * 1009 + index
+        self.label = spec.label
+        seed = cfg.seed * 1009 + index + 7919 * spec.rank  # each rank samples its own stream
         torch.manual_seed(seed)
         self.task = build_task(cfg.task, run_seed=cfg.seed)
         self.device = spec.device
+        self.ranks = RankGroup(spec.rank, spec.world, spec.rendezvous, self.device or "cpu",
+                               timeout_s=cfg.step_timeout_s)
         self.policy = Policy(self.name, resolve_model_path(self.pcfg.model), self.options,
                              prompt_template=self.pcfg.prompt_template, system_prompt=self.pcfg.system_prompt,
                              seed=seed, device=self.device, peft=self.pcfg.peft, generation=self.pcfg.generation)
+        self.ranks.broadcast_parameters(self.policy.model)  # a random adapter starts alike on every rank
         import_strategy_modules(cfg.sharing.modules)
         self.strategy = parse_strategy(cfg.sharing.strategy)
         self.settings = self.strategy.settings(cfg.sharing)
@@ -144,9 +154,14 @@ class PolicyWorker(WorkerAPI):
                                    p.prompt_template, p.system_prompt)
         return out
 
-    def problems(self, step: int, round: int = 0, exclude: frozenset[str] = frozenset()) -> list[Problem]:
-        """This step's prompts (round 0 is shared by every policy; later rounds: dynamic sampling)."""
+    def step_problems(self, step: int, round: int = 0, exclude: frozenset[str] = frozenset()) -> list[Problem]:
+        """The step's prompts, every rank's (round 0 is shared by every policy; later rounds: dynamic
+        sampling)."""
         return self.task.sample_train(step, self.cfg.prompts_per_step, round, exclude)
+
+    def problems(self, step: int, round: int = 0, exclude: frozenset[str] = frozenset()) -> list[Problem]:
+        """This worker's part of the step's prompts (all of them for a policy of one worker)."""
+        return self.ranks.shard(self.step_problems(step, round, exclude))  # type: ignore[return-value]
 
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> tuple[list[float], list[float]]:
         """(rewards, verifier scores) of completions, one per problem: the one scoring path of own
@@ -158,6 +173,8 @@ class PolicyWorker(WorkerAPI):
     # ------------------------------------------------------------------ step parts
     def _sample_groups(self, probs: list[Problem]) -> tuple[list[OwnGroup], list[Any]]:
         g = self.options.num_generations
+        if not probs:
+            return [], []
         samples = self.policy.generate([p.question for p in probs], g)
         rewards, scores = self.score([probs[s.prompt_index] for s in samples], [s.text for s in samples])
         groups = []
@@ -181,13 +198,14 @@ class PolicyWorker(WorkerAPI):
         groups, samples = self._sample_groups(self.problems(step))
         first = list(groups)
         rounds = 0
-        if opts.dynamic_sampling == "resample":
-            drawn = frozenset(g.problem.id for g in groups)
+        if opts.dynamic_sampling == "resample":  # the ranks decide together: each round is sharded too
+            drawn = frozenset(p.id for p in self.step_problems(step))
             while rounds < opts.max_resample_rounds and \
-                    sum(g.informative for g in groups) < self.cfg.prompts_per_step:
+                    self.ranks.sum([sum(g.informative for g in groups)])[0] < self.cfg.prompts_per_step:
                 rounds += 1
-                more, more_samples = self._sample_groups(self.problems(step, rounds, drawn))
-                drawn |= {g.problem.id for g in more}
+                batch = self.step_problems(step, rounds, drawn)
+                more, more_samples = self._sample_groups(self.ranks.shard(batch))  # type: ignore[arg-type]
+                drawn |= {p.id for p in batch}
                 groups += more
                 samples += more_samples
         t_gen = time.perf_counter() - t0
@@ -297,14 +315,15 @@ class PolicyWorker(WorkerAPI):
             peers = PeerRows.from_records(trusted)
         history, own_history = self._history(step) if self.strategy.replay_steps(self.settings) else ([], [])
         ctx = ShareContext(groups, peers, self.options, self.score, self._encode_peer_text, self._align_peer,
-                           history, own_history)
+                           history, own_history, world=self.ranks.world,
+                           sum_over_ranks=self.ranks.sum if self.ranks.active else None)
         t1 = time.perf_counter()
         batch = build_batch(self.strategy, ctx, self.settings)
         t_share = time.perf_counter() - t1
         t2 = time.perf_counter()
         fault_point("update")
         gen = self.pcfg.generation
-        stats = train_on_batch(self.policy, batch,
+        stats = train_on_batch(self.policy, batch, ranks=self.ranks,
                                is_cap=gen.importance_sampling_cap if gen.importance_sampling_correction else None)
         t_sync = self.policy.sync_engine()
         m = dict(batch.metrics)
@@ -321,27 +340,34 @@ class PolicyWorker(WorkerAPI):
     @_numerics
     def evaluate(self, n: int | None = None, split: str = "test") -> dict[str, float]:
         """Greedy accuracy on held-out problems of ``split`` (``test`` or ``val``; the same problems for
-        every policy): ``<split>_acc`` and ``<split>_acc/<type>``."""
-        probs = eval_problems(self.task, n or self.cfg.eval_size, split)
-        out: dict[str, float] = {}
+        every policy): ``<split>_acc`` and ``<split>_acc/<type>``. The ranks of a policy each answer
+        their share of the problems and agree on the counts (every rank returns the same figures)."""
+        probs: list[Problem] = self.ranks.shard(eval_problems(self.task, n or self.cfg.eval_size, split))  # type: ignore[assignment]
         samples = self.policy.generate([p.question for p in probs], greedy=True,
-                                       batch_size=self.cfg.eval_batch_size)
+                                       batch_size=self.cfg.eval_batch_size) if probs else []
         ok = [self.task.is_success(self.task.verify(p, s.text)) for p, s in zip(probs, samples, strict=True)]
-        out[f"{split}_acc"] = float(np.mean(ok))
-        for src in self.task.source_names:
+        sources = list(self.task.source_names)
+        counts = [float(sum(ok)), float(len(ok))]
+        for src in sources:
             sel = [o for p, o in zip(probs, ok, strict=True) if p.source == src]
-            if sel:
-                out[f"{split}_acc/{src}"] = float(np.mean(sel))
+            counts += [float(sum(sel)), float(len(sel))]
+        counts = self.ranks.sum(counts)
+        out: dict[str, float] = {f"{split}_acc": counts[0] / max(1.0, counts[1])}
+        for j, src in enumerate(sources):
+            right, total = counts[2 + 2 * j], counts[3 + 2 * j]
+            if total:
+                out[f"{split}_acc/{src}"] = right / total
         return out
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: str | Path) -> None:  # type: ignore[override]
         """Write this policy's weights, optimizer and RNG states into ``directory``."""
-        save_policy_state(directory, self.policy, {"reward_stats": dataclasses.asdict(self.task.reward_stats)})
+        save_policy_state(directory, self.policy, {"reward_stats": dataclasses.asdict(self.task.reward_stats)},
+                          rank=self.ranks.rank)
 
     def load(self, directory: str | Path) -> None:  # type: ignore[override]
         """Restore what :meth:`save` wrote (weights strictly: a missing key is an error)."""
-        st = load_policy_state(directory, self.policy)
+        st = load_policy_state(directory, self.policy, rank=self.ranks.rank)
         self.policy.sync_engine()  # a separate sampler (vLLM) samples from the restored weights
         for k, v in st.get("reward_stats", {}).items():  # cumulative counters continue where they were
             setattr(self.task.reward_stats, k, int(v))
@@ -361,7 +387,8 @@ class PolicyWorker(WorkerAPI):
                 "tokenizer": self.policy.tokenizer_id, "model_type": self.policy.model.config.model_type,
                 "vocab_size": len(self.policy.tokenizer), "device": str(self.policy.device),
                 "dtype": self.policy.compute_dtype, "engine": self.pcfg.generation.engine,
-                "lora": self.policy.lora, "pid": os.getpid(), "data": self.task.data_report()}
+                "lora": self.policy.lora, "pid": os.getpid(), "data": self.task.data_report(),
+                "rank": self.ranks.rank, "ranks": self.ranks.world}
 
     def set_threads(self, n: int) -> int:
         """Change this worker's torch intra-op threads (MWRA re-plans); returns the count in force."""
@@ -370,7 +397,7 @@ class PolicyWorker(WorkerAPI):
 
     def close(self) -> None:
         """Shut the sampling engine down and close the exchange (best effort, never raises)."""
-        for closer in (self.policy.close, self.exchange.close):
+        for closer in (self.policy.close, self.exchange.close, self.ranks.close):
             try:
                 closer()
             except Exception:  # noqa: BLE001, S110 - closing is best effort

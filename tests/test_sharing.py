@@ -21,8 +21,9 @@ from mutualrl.algorithms.sharing import (
 )
 from mutualrl.algorithms.strategies.prp import PRPSettings, chunk_weights
 from mutualrl.algorithms.update import train_on_batch
-from mutualrl.config import LEGACY_SHARING, GRPOOptions
+from mutualrl.config import GRPOOptions
 from mutualrl.experience import Rollout, VerifiedSuccess
+from mutualrl.legacy import LEGACY_SHARING
 
 
 @pytest.fixture(autouse=True, scope="module")

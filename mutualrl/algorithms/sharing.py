@@ -220,6 +220,16 @@ class ShareContext:
     ``replay_steps``)."""
     own_history: list[PastSuccess] = field(default_factory=list)
     """Earlier steps' solved prompts with one own verified success each, newest first (likewise)."""
+    world: int = 1
+    """How many data-parallel ranks share the policy's step (``policies[i].workers``): the groups
+    here are this rank's part of the step's prompts."""
+    sum_over_ranks: Callable[[Sequence[float]], list[float]] | None = None
+    """Element-wise sum over the ranks (:meth:`~mutualrl.distributed.RankGroup.sum`; None: one rank)."""
+
+    def rank_share(self, per_step: int) -> int:
+        """This rank's part of a per-step cap (``max_rows``, ``match_tokens``): the cap over the
+        ranks, rounded up, so the ranks together take what one worker would."""
+        return per_step if self.world <= 1 else -(-per_step // self.world)
 
 
 def build_batch(strategy: str | Strategy, ctx: ShareContext, sharing: Any = None) -> TrainBatch:
@@ -295,8 +305,12 @@ def own_success_row(group: OwnGroup, weight: float, kind: str) -> TrainRow | Non
 
 
 def batch_std(ctx: ShareContext, extra: Sequence[float] = ()) -> float:
-    """Unbiased std of the step's own rewards plus ``extra`` (the peer rewards a strategy pools)."""
+    """Unbiased std of the step's own rewards plus ``extra`` (the peer rewards a strategy pools),
+    over every rank's part of the step when the policy has several."""
     rewards = [r for g in ctx.groups for r in g.rewards] + list(extra)
+    if ctx.sum_over_ranks is not None:  # the moments of every rank's rewards
+        n, total, squares = ctx.sum_over_ranks([len(rewards), math.fsum(rewards), math.fsum(r * r for r in rewards)])
+        return math.sqrt(max(0.0, squares - total * total / n) / (n - 1)) if n >= 2 else 0.0
     if len(rewards) < 2:
         return 0.0
     m = sum(rewards) / len(rewards)

@@ -10,6 +10,12 @@ phase one forward pass serves every row (they share prompts), each kind's term i
 counts of the whole batch (:class:`~mutualrl.algorithms.losses.BatchCounts`), and the terms are
 summed.
 
+A policy trained by several data-parallel ranks (:class:`~mutualrl.distributed.RankGroup`) passes
+its group as ``ranks``: the counts are summed over the ranks, every rank takes every phase that
+has rows on any rank (a rank without rows contributes a zero gradient), and the gradients are
+summed before clipping, so each rank takes the optimizer step a single worker takes on the whole
+batch.
+
 The PPO reference of on-policy rows is the trainer's own forward before the first optimizer step
 (as TRL does), so the ratio is exactly 1 at the first iteration whatever the sampler did
 (``top_p``, another engine, float rounding). The sampler's log-probs serve two purposes only: the
@@ -25,6 +31,7 @@ import torch
 from mutualrl.algorithms.losses import BatchCounts, TermInputs, reduce
 from mutualrl.algorithms.registry import OWN, POLICY_PHASE, BoundKind
 from mutualrl.algorithms.sharing import TrainBatch, TrainRow
+from mutualrl.distributed import RankGroup
 from mutualrl.policy import Policy, pack_right, right_mask
 
 
@@ -68,11 +75,31 @@ class _Part:
         self.correction: torch.Tensor | None = None
 
 
+def _idle_phase_steps(policy: Policy, phase: str, iterations: int, ranks: RankGroup) -> dict[str, float]:
+    """A rank without rows of ``phase`` takes part in its optimizer steps with a zero gradient."""
+    optimizer = policy.optimizer_for(phase)
+    prefix = "" if phase == POLICY_PHASE else f"{phase}_"
+    stats: dict[str, float] = {}
+    for _ in range(iterations):
+        optimizer.zero_grad(set_to_none=True)
+        ranks.sum_gradients(policy.model.parameters())
+        stats[prefix + "grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(),
+                                                                           policy.options.max_grad_norm))
+        optimizer.step()
+        stats[prefix + "loss"] = 0.0
+    stats[prefix + "optimizer_steps"] = iterations
+    return stats
+
+
 def _phase_steps(policy: Policy, phase: str, parts_rows: Sequence[tuple[BoundKind, list[TrainRow]]],
-                 counts: BatchCounts, iterations: int, is_cap: float | None) -> dict[str, float]:
+                 counts: BatchCounts, iterations: int, is_cap: float | None,
+                 ranks: RankGroup | None = None) -> dict[str, float]:
     """``iterations`` optimizer steps of ``phase`` on its rows (one forward pass per step for all)."""
     opts, dev = policy.options, policy.device
     rows = [r for _, rs in parts_rows for r in rs]
+    if not rows:
+        assert ranks is not None and ranks.active
+        return _idle_phase_steps(policy, phase, iterations, ranks)
     width = max(max(len(r.completion_ids) for r in rows), 1)
     parts, start = [], 0
     for kind, rs in parts_rows:
@@ -114,9 +141,12 @@ def _phase_steps(policy: Policy, phase: str, parts_rows: Sequence[tuple[BoundKin
             if term.reduction == "policy_gradient":
                 pg_total = pg_total + share.detach()
             stats.update({_stat_key(p.kind.name, k): v for k, v in t_stats.items()})
-        if not total.requires_grad:
+        if not total.requires_grad and not (ranks and ranks.active):
             break
-        total.backward()
+        if total.requires_grad:
+            total.backward()
+        if ranks is not None:
+            ranks.sum_gradients(policy.model.parameters())
         stats[prefix + "grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(),
                                                                            opts.max_grad_norm))
         optimizer.step()
@@ -129,21 +159,27 @@ def _phase_steps(policy: Policy, phase: str, parts_rows: Sequence[tuple[BoundKin
 
 
 def train_on_batch(policy: Policy, batch: TrainBatch, *, is_cap: float | None = None,
-                   counts: BatchCounts | None = None) -> dict[str, float]:
+                   counts: BatchCounts | None = None, ranks: RankGroup | None = None) -> dict[str, float]:
     """Train on ``batch``: the policy's phase (``num_iterations`` optimizer steps), then each phase of
     its own a row kind asks for (one step each); the loss statistics.
 
     With ``is_cap`` each on-policy token's loss is weighted by the truncated importance weight
     ``min(exp(trainer - sampler), is_cap)`` of the sampler/trainer mismatch (as TRL and verl offer
     for vLLM). ``counts``: the reductions' denominators, when the batch is one rank's part of a
-    larger one (default: this batch's own, :func:`batch_counts`).
+    larger one (default: this batch's own, :func:`batch_counts`, summed over ``ranks`` when the
+    policy trains on several: see the module doc).
     """
     counts = counts or batch_counts(batch, policy.options.num_generations)
     phases: dict[str, list[tuple[BoundKind, list[TrainRow]]]] = {}
     for name, kind in batch.kinds.items():
         rows = [r for r in batch.rows if r.kind == name]
-        if rows:
+        if rows or (ranks is not None and ranks.active):
             phases.setdefault(kind.phase, []).append((kind, rows))
+    if ranks is not None and ranks.active:  # every rank: the same phases, the whole step's counts
+        names = sorted(phases)
+        present = ranks.any([any(rs for _, rs in phases[ph]) for ph in names])
+        phases = {ph: [(k, rs) for k, rs in phases[ph] if rs] for ph, keep in zip(names, present, strict=True) if keep}
+        counts = BatchCounts(*(round(v) for v in ranks.sum([counts.sequences, counts.tokens, counts.prompts])))
     if not phases:
         return {"loss": 0.0, "optimizer_steps": 0}
     policy.model.train()
@@ -152,7 +188,7 @@ def train_on_batch(policy: Policy, batch: TrainBatch, *, is_cap: float | None = 
     total_steps = 0
     for phase in order:
         iterations = policy.options.num_iterations if phase == POLICY_PHASE else 1
-        out = _phase_steps(policy, phase, phases[phase], counts, iterations, is_cap)
+        out = _phase_steps(policy, phase, phases[phase], counts, iterations, is_cap, ranks)
         prefix = "" if phase == POLICY_PHASE else f"{phase}_"
         total_steps += int(out.pop(prefix + "optimizer_steps"))
         stats.update(out)

@@ -7,6 +7,11 @@ afterwards, so the workers compute concurrently; every call has a deadline
 time raises :class:`~mutualrl.allocation.base.WorkerFailed` naming it (a hung process is killed).
 Only JSON crosses the process boundary: the config as a dict, method names, step numbers and
 metric dicts.
+
+A policy with ``workers: N`` gets N processes, its ranks (:mod:`mutualrl.allocation.ranks`): a call
+on the policy goes to all of them, their replies are merged into one, and they meet through a
+``TCPStore`` this scheduler serves on the loopback interface (:mod:`mutualrl.distributed`). A rank
+that dies or hangs fails the call naming the policy and the rank.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from mutualrl.allocation.adaptive import AdaptivePlan
 from mutualrl.allocation.base import Scheduler, WorkerFailed
 from mutualrl.allocation.placement import exchange_url, place
 from mutualrl.allocation.planner import Allocation, Resources
+from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
+from mutualrl.distributed import serve_store
 from mutualrl.resolve import RunPlan
 from mutualrl.worker_api import WorkerAPI
 
@@ -34,7 +41,9 @@ from mutualrl.worker_api import WorkerAPI
 @dataclass
 class _Proc:
     index: int
+    """The worker's position in the plan (one per rank)."""
     name: str
+    """The policy's name, with the rank when it has several (what errors name)."""
     popen: subprocess.Popen
     log_path: Path
     log: IO[bytes]
@@ -87,8 +96,11 @@ class LocalScheduler(Scheduler):
         self._scratch: Path | None = None
         self._last_method: dict[int, str] = {}
         self.last_cpu_s: dict[int, float | None] = {}
-        """CPU time (all threads) of each worker's last call, as the worker measured it."""
+        """CPU time (all threads) of each worker process's last call, as the worker measured it."""
         self.last_wall_s: dict[int, float | None] = {}
+        self.layout = RankLayout([])
+        self._pending: PendingReplies | None = None
+        self._store: object | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
@@ -101,17 +113,26 @@ class LocalScheduler(Scheduler):
                                  verbose=self.verbose)
         self.plan.say(self.plan.allocation.describe())
         self._scratch = Path(tempfile.mkdtemp(prefix="mutualrl-local-"))
+        rendezvous = None
+        if any(spec.world > 1 for spec in plan.workers):  # the ranks of a policy meet here
+            store = serve_store("127.0.0.1", self.timeout)
+            self._store, rendezvous = store, f"tcp://127.0.0.1:{store.port}"
         if not plan.placed:  # the one placement step, on the allocation the planner made
-            plan = place(plan, self.plan.allocation, "local", exchange_url("local", cfg, self.run_dir, self._scratch))
+            plan = place(plan, self.plan.allocation, "local", exchange_url("local", cfg, self.run_dir, self._scratch),
+                         rendezvous=rendezvous)
+        self.layout = RankLayout.of(plan)
+        self._pending = PendingReplies(self.layout)
         logs = (self.run_dir / "logs") if self.run_dir is not None else self._scratch
         logs.mkdir(parents=True, exist_ok=True)
         try:
-            for spec in plan.workers:
-                self.procs.append(self._spawn(spec.index, spec.name, spec.threads or 1,
-                                              logs / f"worker-{spec.index}-{spec.name}.log", spec.visible_gpu))
-            for p in self.procs:
-                self._send(p, "__init__", [plan.to_dict(), p.index, str(self.run_dir) if self.run_dir else None])
-            infos = self._gather(list(range(len(self.procs))))
+            for pos, spec in enumerate(plan.workers):
+                rank = f"-rank{spec.rank}" if spec.world > 1 else ""
+                self.procs.append(self._spawn(pos, spec.label, spec.threads or 1,
+                                              logs / f"worker-{spec.index}-{spec.name}{rank}.log", spec.visible_gpu))
+            for p, spec in zip(self.procs, plan.workers, strict=True):
+                self._send(p, "__init__", [plan.to_dict(), spec.index, str(self.run_dir) if self.run_dir else None,
+                                           spec.rank])
+            infos = self.layout.merge("info", self._gather(list(range(len(self.procs)))))
             self.timeout = float(cfg.step_timeout_s)
         except BaseException:
             self.close()
@@ -161,36 +182,46 @@ class LocalScheduler(Scheduler):
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
+        self._store = None
 
     # ------------------------------------------------------------------ calls
     def _call(self, method: str, *args: Any) -> list[Any]:
         for p in self.procs:
             self._send(p, method, list(args))
-        results = self._gather(list(range(len(self.procs))))
+        results = self.layout.merge(method, self._gather(list(range(len(self.procs)))))
         if method in ("rollout", "update") and self.plan is not None:
             for i, r in enumerate(results):
-                self.plan.observe(i, method, r, self.last_cpu_s.get(i))
+                self.plan.observe(i, method, r, self.layout.total(i, self.last_cpu_s))
             if method == "update":
                 self._replan(args[0] if args else None)
         return results
 
     def _call_one(self, index: int, method: str, *args: Any) -> Any:
-        self._send(self.procs[index], method, list(args))
-        return self._gather([index])[0]
+        ranks = self.layout.members[index]
+        for w in ranks:
+            self._send(self.procs[w], method, list(args))
+        return merge_replies(method, self._gather(ranks))
 
     def _submit(self, index: int, method: str, *args: Any) -> None:
-        self._send(self.procs[index], method, list(args))
+        for w in self.layout.members[index]:
+            self._send(self.procs[w], method, list(args))
 
     def collect(self, timeout: float) -> tuple[int, Any]:
-        busy = [p.index for p in self.procs if p.inflight is not None]
-        if not busy:
-            raise WorkerFailed("?", "collect() called with no call in flight")
-        deadline = min(time.monotonic() + timeout, *(self.procs[i].inflight[2] for i in busy))  # type: ignore[index]
-        index, result = self._next_reply(busy, deadline)
-        if self.plan is not None:
-            method = self._last_method.get(index, "")
-            self.plan.observe(index, method, result, self.last_cpu_s.get(index))
-        return index, result
+        assert self._pending is not None
+        while True:
+            busy = [p.index for p in self.procs if p.inflight is not None]
+            if not busy:
+                raise WorkerFailed("?", "collect() called with no call in flight")
+            deadline = min(time.monotonic() + timeout, *(self.procs[i].inflight[2] for i in busy))  # type: ignore[index]
+            worker, result = self._next_reply(busy, deadline)
+            index = self._pending.add(worker, result)
+            if index is None:
+                continue  # another rank of the policy is still at it
+            method = self._last_method.get(worker, "")
+            result = self._pending.pop(index, method)
+            if self.plan is not None:
+                self.plan.observe(index, method, result, self.layout.total(index, self.last_cpu_s))
+            return index, result
 
     # ------------------------------------------------------------------ plumbing
     def _send(self, p: _Proc, method: str, args: list[Any]) -> None:
@@ -308,12 +339,12 @@ class LocalScheduler(Scheduler):
         new = self.plan.maybe_replan(step)
         if new is None:
             return
-        for p in self.procs:
-            a, b = old.placements[p.index], new.placements[p.index]
+        for i, ranks in enumerate(self.layout.members):
+            a, b = old.placements[i], new.placements[i]
             if a.threads != b.threads:
-                self.call_one(p.index, WorkerAPI.set_threads, b.threads)
+                self.call_one(i, WorkerAPI.set_threads, max(1, b.threads // len(ranks)))
             if a.nice != b.nice:
-                self._call_one(p.index, "__nice__", b.nice)
+                self._call_one(i, "__nice__", b.nice)
         self.plan.write(self.run_dir)
 
     @property
@@ -322,5 +353,9 @@ class LocalScheduler(Scheduler):
         return self.plan.allocation if self.plan is not None else None
 
     def pids(self) -> list[int]:
-        """OS process ids of the workers, in policy order."""
+        """OS process ids of the workers, in policy order (rank by rank within a policy)."""
         return [p.popen.pid for p in self.procs]
+
+    def rank_pids(self, index: int) -> list[int]:
+        """OS process ids of policy ``index``'s ranks, in rank order."""
+        return [self.procs[w].popen.pid for w in self.layout.members[index]]

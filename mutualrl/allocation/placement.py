@@ -72,10 +72,14 @@ def _device(backend: str, gpu: int | None) -> tuple[str, int | None]:
     return f"cuda:{gpu}", None
 
 
-def place(plan: RunPlan, allocation: Allocation, backend: str, exchange: str, *, threads: int | None = None) -> RunPlan:
+def place(plan: RunPlan, allocation: Allocation, backend: str, exchange: str, *, threads: int | None = None,
+          rendezvous: str | None = None) -> RunPlan:
     """``plan`` with every worker placed as ``allocation`` says, for ``backend`` (see the module doc).
 
-    ``threads`` fixes every worker's torch threads (the scheduler's or the run's ``threads``)."""
+    ``threads`` fixes every worker's torch threads (the scheduler's or the run's ``threads``). The
+    ranks of a policy on several workers split its planned threads and core share, take consecutive
+    GPUs from its planned one, and meet at ``rendezvous`` (``tcp://HOST:PORT``, the scheduler's
+    store) under the policy's name."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     cfg = plan.config
@@ -84,13 +88,18 @@ def place(plan: RunPlan, allocation: Allocation, backend: str, exchange: str, *,
         pl: Placement = allocation.placements[spec.index]
         pol = cfg.policies[spec.index]
         gpu = physical_gpu(pol.device, cfg.device, pl.gpu)
+        if gpu is not None and spec.world > 1:
+            gpu += spec.rank
         device, visible = _device(backend, gpu)
         share = pl.gpu_fraction if gpu is not None and 0 < pl.gpu_fraction < 1 else None
+        if spec.world > 1 and rendezvous is None:
+            raise ValueError(f"policy {spec.name!r} has {spec.world} ranks: the {backend} backend needs a rendezvous")
+        planned = max(1, pl.threads // spec.world) if backend != "sequential" else None
         workers.append(dataclasses.replace(
             spec, device=device, visible_gpu=visible, gpu_fraction=share,
-            threads=threads or cfg.threads or (max(1, pl.threads) if backend != "sequential" else None),
-            nice=0 if backend == "sequential" else pl.nice, node=pl.node, cpu_share=pl.cpu_share,
-            exchange=exchange))
+            threads=threads or cfg.threads or planned,
+            nice=0 if backend == "sequential" else pl.nice, node=pl.node, cpu_share=pl.cpu_share / spec.world,
+            exchange=exchange, rendezvous=f"{rendezvous}/{spec.name}" if spec.world > 1 else None))
     return dataclasses.replace(plan, workers=tuple(workers), placed=True)
 
 

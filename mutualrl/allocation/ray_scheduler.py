@@ -9,11 +9,17 @@ and a ``ray://<run name>`` actor (backed by the run's sqlite file on the driver'
 is a run directory) when it has several. Only JSON text crosses the actor boundary. Every call
 has the ``step_timeout_s`` deadline; a dead actor or a late answer raises
 :class:`~mutualrl.allocation.base.WorkerFailed` naming the worker.
+
+A policy with ``workers: N`` is N actors, its ranks, in one placement group of N bundles (``PACK``:
+on one node when it fits, spread otherwise); they meet through a ``TCPStore`` served by the driver
+on its node's address (:mod:`mutualrl.distributed`), and a call on the policy goes to every rank
+(:mod:`mutualrl.allocation.ranks`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -25,7 +31,9 @@ from mutualrl.allocation.adaptive import AdaptivePlan
 from mutualrl.allocation.base import Scheduler, WorkerFailed
 from mutualrl.allocation.placement import exchange_url, place
 from mutualrl.allocation.planner import Allocation, Placement, Resources
+from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
 from mutualrl.config import RunConfig
+from mutualrl.distributed import serve_store
 from mutualrl.errors import UserError
 from mutualrl.exchange import open_exchange
 from mutualrl.resolve import RunPlan
@@ -36,10 +44,10 @@ from mutualrl.worker_api import WorkerAPI, remote_name
 class RayPolicyWorker:
     """The actor body: a :class:`~mutualrl.worker.PolicyWorker` behind a JSON-text interface."""
 
-    def __init__(self, plan_json: str, index: int, run_dir: str | None) -> None:
+    def __init__(self, plan_json: str, index: int, run_dir: str | None, rank: int = 0) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         # resolved and placed by the controller (a planned GPU is the bundle's, seen as cuda:0)
-        self.worker = PolicyWorker(RunPlan.from_dict(json.loads(plan_json)), index, run_dir)
+        self.worker = PolicyWorker(RunPlan.from_dict(json.loads(plan_json)), index, run_dir, rank=rank)
 
     def call(self, method: str, args_json: str) -> str:
         """Run ``method(*args)``; the reply is JSON text with the result, wall and CPU time."""
@@ -76,12 +84,14 @@ def connect_ray() -> bool:
     return True
 
 
-def bundle_for(p: Placement) -> dict[str, float]:
-    """The placement-group bundle of one worker (Ray wants whole numbers above one unit)."""
-    cpu = p.cpu_share if p.cpu_share < 1 else float(int(p.cpu_share + 1e-9))
-    bundle = {"CPU": round(max(cpu, 0.01), 4)}
+def bundle_for(p: Placement, ranks: int = 1) -> dict[str, float]:
+    """The placement-group bundle of one worker, one rank of ``ranks`` when its policy has several
+    (each takes its share of the planned cores and one GPU; Ray wants whole numbers above one unit)."""
+    share = p.cpu_share / ranks
+    cpu = share if share < 1 else float(int(share + 1e-9))
+    bundle = {"CPU": max(math.floor(cpu * 1e4) / 1e4, 0.01)}  # rounded down: the bundles must fit the cores
     if p.gpu is not None:
-        bundle["GPU"] = p.gpu_fraction if p.gpu_fraction < 1 else float(int(p.gpu_fraction))
+        bundle["GPU"] = 1.0 if ranks > 1 else p.gpu_fraction if p.gpu_fraction < 1 else float(int(p.gpu_fraction))
     return bundle
 
 
@@ -117,6 +127,9 @@ class RayScheduler(Scheduler):
         self._inflight: dict[int, tuple[Any, str, float]] = {}
         self.last_cpu_s: dict[int, float | None] = {}
         self.last_wall_s: dict[int, float | None] = {}
+        self.layout = RankLayout([])
+        self._pending: PendingReplies | None = None
+        self._store: Any = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
@@ -134,28 +147,39 @@ class RayScheduler(Scheduler):
         self.plan.fixed = True  # Ray bundles are fixed once placed: calibrate, report, do not move
         self.plan.say(self.plan.allocation.describe())
         self.exchange_url = self._exchange(cfg, resources)
+        rendezvous = None
+        if any(spec.world > 1 for spec in plan.workers):  # the ranks of a policy meet at the driver
+            host = ray.util.get_node_ip_address()
+            self._store = serve_store(host, self.timeout)
+            rendezvous = f"tcp://{host}:{self._store.port}"
         if not plan.placed:  # the one placement step, on the allocation the planner made
-            plan = place(plan, self.plan.allocation, "ray", self.exchange_url)
-        self.names = [p.name for p in cfg.policies]
+            plan = place(plan, self.plan.allocation, "ray", self.exchange_url, rendezvous=rendezvous)
+        self.layout = RankLayout.of(plan)
+        self._pending = PendingReplies(self.layout)
+        self.names = list(self.layout.labels)
         actor_cls = ray.remote(RayPolicyWorker)
         try:
-            for pl in self.plan.allocation.placements:
+            for i, pl in enumerate(self.plan.allocation.placements):
+                ranks = len(self.layout.members[i])
                 kwargs: dict[str, Any] = {}
-                if pl.node is not None and len(resources.nodes) > 1:
+                if pl.node is not None and len(resources.nodes) > 1 and ranks == 1:
                     kwargs["bundle_label_selector"] = [{"ray.io/node-id": pl.node}]
-                pg = placement_group([bundle_for(pl)], strategy="STRICT_PACK", **kwargs)
+                pg = placement_group([bundle_for(pl, ranks)] * ranks, strategy="STRICT_PACK" if ranks == 1 else "PACK",
+                                     **kwargs)
                 self.groups.append(pg)
             for i, pg in enumerate(self.groups):
                 ready, _ = ray.wait([pg.ready()], timeout=self.timeout)
                 if not ready:
-                    raise WorkerFailed(self.names[i], f"placement group {bundle_for(self.plan.allocation.placements[i])} "
+                    raise WorkerFailed(cfg.policies[i].name, f"placement group of {len(self.layout.members[i])} x "
+                                       f"{bundle_for(self.plan.allocation.placements[i], len(self.layout.members[i]))} "
                                        f"not placed within {self.timeout:g}s; cluster: {resources.describe()}")
-            for i, pl in enumerate(self.plan.allocation.placements):
-                b = bundle_for(pl)
+            for spec in plan.workers:
+                b = bundle_for(self.plan.allocation.placements[spec.index], spec.world)
                 actor = actor_cls.options(
                     num_cpus=b["CPU"], num_gpus=b.get("GPU", 0), max_restarts=0, max_concurrency=1,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.groups[i], placement_group_bundle_index=0),
-                ).remote(json.dumps(plan.to_dict()), i, str(self.run_dir) if self.run_dir else None)
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.groups[spec.index],
+                                                                         placement_group_bundle_index=spec.rank),
+                ).remote(json.dumps(plan.to_dict()), spec.index, str(self.run_dir) if self.run_dir else None, spec.rank)
                 self.actors.append(actor)
             wheres = self._gather([a.where.remote() for a in self.actors], "start", raw=True)
             self.node_ids = [json.loads(w)["node_id"] for w in wheres]
@@ -163,8 +187,8 @@ class RayScheduler(Scheduler):
         except BaseException:
             self.close()
             raise
-        for info, w in zip(infos, wheres, strict=True):
-            info.update(json.loads(w))
+        for info, ws in zip(infos, self.layout.members, strict=True):
+            info.update(json.loads(wheres[ws[0]]))
         self.plan.set_params([int(info.get("params") or 0) or None for info in infos])  # type: ignore[misc]
         self.plan.write(self.run_dir)
         return infos
@@ -202,6 +226,7 @@ class RayScheduler(Scheduler):
             except Exception:  # noqa: BLE001, S110 - best effort at shutdown
                 pass
         self.actors, self.groups, self._inflight = [], [], {}
+        self._store = None
         if self._driver_exchange is not None:
             try:
                 self._driver_exchange.close()
@@ -223,39 +248,47 @@ class RayScheduler(Scheduler):
     # ------------------------------------------------------------------ calls
     def _call(self, method: str, *args: Any) -> list[Any]:
         refs = [a.call.remote(method, json.dumps(list(args))) for a in self.actors]
-        results = self._gather(refs, method)
+        results = self.layout.merge(method, self._gather(refs, method))
         if method in ("rollout", "update") and self.plan is not None:
             for i, r in enumerate(results):
-                self.plan.observe(i, method, r, self.last_cpu_s.get(i))
+                self.plan.observe(i, method, r, self.layout.total(i, self.last_cpu_s))
         return results
 
     def _call_one(self, index: int, method: str, *args: Any) -> Any:
-        ref = self.actors[index].call.remote(method, json.dumps(list(args)))
-        return self._gather([ref], method, indices=[index])[0]
+        ranks = self.layout.members[index]
+        refs = [self.actors[w].call.remote(method, json.dumps(list(args))) for w in ranks]
+        return merge_replies(method, self._gather(refs, method, indices=ranks))
 
     def _submit(self, index: int, method: str, *args: Any) -> None:
-        if index in self._inflight:
-            raise WorkerFailed(self.names[index], f"{method}() sent while {self._inflight[index][1]}() is running")
-        ref = self.actors[index].call.remote(method, json.dumps(list(args)))
-        self._inflight[index] = (ref, method, time.monotonic() + self.timeout)
+        for w in self.layout.members[index]:
+            if w in self._inflight:
+                raise WorkerFailed(self.names[w], f"{method}() sent while {self._inflight[w][1]}() is running")
+        for w in self.layout.members[index]:
+            ref = self.actors[w].call.remote(method, json.dumps(list(args)))
+            self._inflight[w] = (ref, method, time.monotonic() + self.timeout)
 
     def collect(self, timeout: float) -> tuple[int, Any]:
         ray = _import_ray()
-        if not self._inflight:
-            raise WorkerFailed("?", "collect() called with no call in flight")
-        by_ref = {v[0]: k for k, v in self._inflight.items()}
-        deadline = min(time.monotonic() + timeout, min(v[2] for v in self._inflight.values()))
-        ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-        if not ready:
-            i = min(self._inflight, key=lambda k: self._inflight[k][2])
-            raise WorkerFailed(self.names[i], f"no reply to {self._inflight[i][1]}() within {self.timeout:g}s "
-                               f"(step_timeout_s) {self._where(i)}")
-        i = by_ref[ready[0]]
-        _, method, _ = self._inflight.pop(i)
-        result = self._get(i, ready[0], method)
-        if self.plan is not None:
-            self.plan.observe(i, method, result, self.last_cpu_s.get(i))
-        return i, result
+        assert self._pending is not None
+        while True:
+            if not self._inflight:
+                raise WorkerFailed("?", "collect() called with no call in flight")
+            by_ref = {v[0]: k for k, v in self._inflight.items()}
+            deadline = min(time.monotonic() + timeout, min(v[2] for v in self._inflight.values()))
+            ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                w = min(self._inflight, key=lambda k: self._inflight[k][2])
+                raise WorkerFailed(self.names[w], f"no reply to {self._inflight[w][1]}() within {self.timeout:g}s "
+                                   f"(step_timeout_s) {self._where(w)}")
+            w = by_ref[ready[0]]
+            _, method, _ = self._inflight.pop(w)
+            index = self._pending.add(w, self._get(w, ready[0], method))
+            if index is None:
+                continue  # another rank of the policy is still at it
+            result = self._pending.pop(index, method)
+            if self.plan is not None:
+                self.plan.observe(index, method, result, self.layout.total(index, self.last_cpu_s))
+            return index, result
 
     def _get(self, i: int, ref: Any, method: str, raw: bool = False) -> Any:
         ray = _import_ray()

@@ -4,8 +4,8 @@ Protocol: one JSON object per line. The controller writes ``{"id": n, "method": 
 to the process's stdin; the worker answers on its stdout with ``{"id": n, "ok": true, "result": ...}``
 (plus ``wall_s`` and ``cpu_s``, the call's wall time and the CPU time of all the process's threads)
 or ``{"id": n, "ok": false, "error": "...", "traceback": "..."}``. Nothing is pickled. Special
-methods: ``__init__`` (the placed :class:`~mutualrl.resolve.RunPlan` as a dict, index, run_dir)
-creates the
+methods: ``__init__`` (the placed :class:`~mutualrl.resolve.RunPlan` as a dict, policy index, run_dir,
+rank) creates the
 :class:`~mutualrl.worker.PolicyWorker`; ``__nice__`` changes the CPU priority of all its threads;
 ``__exit__`` ends the loop. Anything the libraries print goes to stderr (the worker's log), so the
 protocol stream stays clean. The worker exits when its stdin closes (the controller is gone).
@@ -41,21 +41,21 @@ class _Loop:
     def __init__(self) -> None:
         self.worker: Any = None
 
-    def init(self, plan: dict[str, Any], index: int, run_dir: str | None) -> dict[str, Any]:
+    def init(self, plan: dict[str, Any], index: int, run_dir: str | None, rank: int = 0) -> dict[str, Any]:
         import torch
 
         from mutualrl.resolve import RunPlan
         from mutualrl.worker import PolicyWorker
 
         run_plan = RunPlan.from_dict(plan)  # resolved and placed by the controller: nothing is decided here
-        spec = run_plan.workers[index]
+        spec = run_plan.spec(index, rank)
         if spec.nice:
             set_nice(spec.nice)  # before torch starts its pool, so the pool threads inherit it
         try:
             torch.set_num_interop_threads(1)
         except RuntimeError:  # already set
             pass
-        self.worker = PolicyWorker(run_plan, index, run_dir)
+        self.worker = PolicyWorker(run_plan, index, run_dir, rank=rank)
         return self.worker.info() | {"threads": torch.get_num_threads(), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
 
     def dispatch(self, method: str, args: list[Any]) -> Any:

@@ -92,8 +92,9 @@ def imitate(ctx: ShareContext, batch: TrainBatch, s: ImitateSettings) -> None:
     peer_weight = s.weight if s.peer_weight is None else s.peer_weight
     seen: set[str] = set()
     rescue = replayed = 0
+    cap = ctx.rank_share(s.max_rows)
     for k, (problem, prompt_ids, successes) in enumerate(candidates):
-        if rescue >= s.max_rows:
+        if rescue >= cap:
             break
         if problem.id in seen:
             continue
@@ -125,8 +126,9 @@ def self_imitate(ctx: ShareContext, batch: TrainBatch, s: SelfImitateSettings) -
     step_ids = {g.problem.id for g in ctx.groups}
     extra = 0
     tokens = trained_tokens(batch, ctx.options)
+    extra_cap, token_cap = ctx.rank_share(s.extra_rows), ctx.rank_share(s.match_tokens)
     for past in ctx.own_history:
-        if extra >= s.extra_rows or (s.match_tokens and tokens >= s.match_tokens):
+        if extra >= extra_cap or (token_cap and tokens >= token_cap):
             break
         if past.problem.id in step_ids:
             continue

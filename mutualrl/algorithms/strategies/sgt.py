@@ -60,7 +60,7 @@ def sgt(ctx: ShareContext, batch: TrainBatch, s: SGTSettings) -> None:
                 replayed += 1
             continue
         gate_open += 1
-        if rescue >= s.max_rows:
+        if rescue >= ctx.rank_share(s.max_rows):
             continue
         found = next(verified_successes(ctx, g.problem, g.prompt_ids, ctx.peers.successes.get(g.problem.id, []),
                                         tally), None)

@@ -1,0 +1,74 @@
+"""One rank of tests/test_data_parallel.py's update: ``python tests/_dp_rank.py MODEL STRATEGY RANK WORLD
+RENDEZVOUS OUT`` trains a tiny policy on its share (prompts ``rank::world``) of one fixed batch and
+writes its trainable weights to OUT (``torch.save`` of one flat tensor). ``WORLD`` 1 is the
+single-worker reference; RENDEZVOUS ``-`` when there is none."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+
+from mutualrl.algorithms.registry import OWN
+from mutualrl.algorithms.sharing import TrainBatch, TrainRow, parse_strategy
+from mutualrl.algorithms.update import train_on_batch
+from mutualrl.config import GRPOOptions
+from mutualrl.distributed import RankGroup
+from mutualrl.policy import Policy
+
+PROMPTS, G = 6, 4
+
+
+def fixed_batch(strategy: str, vocab: int, settings: dict) -> tuple[list[list[TrainRow]], dict]:
+    """Rows per prompt, the same on every rank (a generator of its own): G own rows each, and for
+    ``imitate`` a supervised row on every second prompt (a peer success) and every third (its own)."""
+    gen = torch.Generator().manual_seed(1234)
+    kinds = parse_strategy(strategy).kinds(settings)
+    extra = next((k for k in kinds if k != OWN), None)
+    per_prompt = []
+    for p in range(PROMPTS):
+        prompt = torch.randint(3, vocab, (5 + p % 3,), generator=gen).tolist()
+        rows = []
+        for j in range(G):
+            n = 2 + int(torch.randint(0, 5, (1,), generator=gen))
+            ids = torch.randint(3, vocab, (n,), generator=gen).tolist()
+            adv = float(torch.randn((), generator=gen))
+            rows.append(TrainRow(prompt, ids, adv, [-2.0] * n, OWN))
+        if extra is not None and p % 2 == 0:
+            rows.append(TrainRow(prompt, torch.randint(3, vocab, (4,), generator=gen).tolist(), 0.0, None, extra,
+                                 None, 1.0))
+        if extra is not None and p % 3 == 0:
+            rows.append(TrainRow(prompt, torch.randint(3, vocab, (3,), generator=gen).tolist(), 0.0, None, extra,
+                                 None, 1.0))
+        per_prompt.append(rows)
+    return per_prompt, kinds
+
+
+def main() -> None:
+    model, strategy, rank, world, rendezvous, out = sys.argv[1:7]
+    rank, world = int(rank), int(world)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    opts = GRPOOptions(num_generations=G, max_completion_length=8, num_iterations=2, learning_rate=1e-3,
+                       loss_type=os.environ.get("DP_LOSS", "dr_grpo"))
+    pol = Policy("p", model, opts, seed=0)
+    settings = {"imitate": {"learning_rate": 3e-4, "weight": 1.0}} if strategy == "imitate" else {}
+    for phase, lr in parse_strategy(strategy).optimizer_phases(settings).items():
+        pol.add_optimizer(phase, lr)
+    ranks = RankGroup(rank, world, None if rendezvous == "-" else rendezvous, "cpu", timeout_s=60)
+    ranks.broadcast_parameters(pol.model)
+    per_prompt, kinds = fixed_batch(strategy, min(len(pol.tokenizer), pol.model.config.vocab_size), settings)
+    mine = ranks.shard(per_prompt)
+    for _ in range(2):  # two updates: the optimizers' moments carry over alike
+        batch = TrainBatch([r for rows in mine for r in rows], n_prompts=len(mine), kinds=kinds)
+        stats = train_on_batch(pol, batch, ranks=ranks)
+    flat = torch.cat([p.detach().reshape(-1) for p in pol.model.parameters() if p.requires_grad])
+    torch.save({"params": flat, "optimizer_steps": stats["optimizer_steps"]}, out)
+    ranks.close()
+
+
+if __name__ == "__main__":
+    main()
