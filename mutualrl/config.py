@@ -202,10 +202,11 @@ class PolicyConfig(Freezable):
     peft: PeftConfig | None = None
     """LoRA adapter settings; none trains every weight."""
     generation: GenerationConfig = field(default_factory=GenerationConfig)
-    workers: int = bounded(1, ge=1, le=1024)
+    workers: int | Literal["auto"] = bounded(1, ge=1, le=1024)
     """Data-parallel ranks that train this policy (``local`` or ``ray`` scheduler): each rolls out
     its share of the step's prompts, and their gradients are summed, so the update is the one a
-    single worker makes on the whole step (``docs/allocation.md``, "A policy on several workers")."""
+    single worker makes on the whole step. ``auto``: the MWRA plan gives it whole GPUs to balance
+    the step (one worker on CPU cores). ``docs/allocation.md``, "A policy on several workers"."""
 
 
 @dataclass
@@ -390,12 +391,12 @@ def check_config(cfg: RunConfig) -> RunConfig:
             raise ConfigError(f"{p}.prompt_template",
                               f"must contain '{{question}}' or be 'chat', got {pol.prompt_template!r}")
         check_bounds(cfg.policy_grpo(i), f"{p}.grpo")
-        if pol.workers > 1 and cfg.scheduler == "sequential":
+        if isinstance(pol.workers, int) and pol.workers > 1 and cfg.scheduler == "sequential":
             raise ConfigError(f"{p}.workers", f"{pol.workers} ranks need worker processes: set scheduler: local "
                               "(this machine) or ray (a cluster), or workers: 1")
-        if cfg.prompts_per_step % pol.workers:
-            raise ConfigError(f"{p}.workers", f"prompts_per_step ({cfg.prompts_per_step}) must divide evenly "
-                              f"among the {pol.workers} ranks (each rolls out an equal share)")
+        if isinstance(pol.workers, int) and pol.workers > cfg.prompts_per_step:
+            raise ConfigError(f"{p}.workers", f"{pol.workers} ranks for {cfg.prompts_per_step} prompts a step: each "
+                              "rank needs a prompt at least (raise prompts_per_step or lower workers)")
     check_task(cfg.task)
     return cfg
 

@@ -120,22 +120,29 @@ class RunPlan:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (for a worker process or actor): the config and the placements."""
         return {"config": self.config.to_dict(), "placed": self.placed,
-                "placements": [{k: getattr(w, k) for k in WorkerSpec.PLACEMENT} for w in self.workers]}
+                "placements": [{k: getattr(w, k) for k in ("index", "rank", "world", *WorkerSpec.PLACEMENT)}
+                               for w in self.workers]}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunPlan:
         """Inverse of :meth:`to_dict`: the plan a controller resolved (its checks are not run again)."""
         plan = plan_of(parse_config(copy.deepcopy(dict(d["config"]))))
         placements = d.get("placements", [])
-        workers = tuple(dataclasses.replace(w, **{k: pl[k] for k in WorkerSpec.PLACEMENT if k in pl})
-                        for w, pl in zip(plan.workers, placements, strict=False)) + plan.workers[len(placements):]
+        if not placements:
+            return dataclasses.replace(plan, placed=bool(d.get("placed")))
+        base = {w.index: w for w in plan.workers}  # the policy's options; ranks and places as written
+        workers = tuple(dataclasses.replace(base[int(pl["index"])], rank=int(pl.get("rank", 0)),
+                                            world=int(pl.get("world", 1)),
+                                            **{k: pl[k] for k in WorkerSpec.PLACEMENT if k in pl})
+                        for pl in placements)
         return dataclasses.replace(plan, workers=workers, placed=bool(d.get("placed")))
 
 
 def plan_of(cfg: RunConfig) -> RunPlan:
     """The plan of an already checked config (not placed yet)."""
-    return RunPlan(cfg, tuple(WorkerSpec(i, p.name, cfg.policy_grpo(i), rank=r, world=p.workers)
-                              for i, p in enumerate(cfg.policies) for r in range(p.workers)))
+    ranks = [p.workers if isinstance(p.workers, int) else 1 for p in cfg.policies]  # auto: the placement decides
+    return RunPlan(cfg, tuple(WorkerSpec(i, p.name, cfg.policy_grpo(i), rank=r, world=ranks[i])
+                              for i, p in enumerate(cfg.policies) for r in range(ranks[i])))
 
 
 # ----------------------------------------------------------------------------- overrides

@@ -71,8 +71,8 @@ def test_workers_need_processes_and_an_even_share(tiny_config):
     cfg["policies"] = [dict(cfg["policies"][0], workers=2), cfg["policies"][1]]
     with pytest.raises(ConfigError, match=r"policies\[0\]\.workers.*scheduler: local"):
         load_config(cfg)
-    with pytest.raises(ConfigError, match=r"policies\[0\]\.workers.*divide evenly"):
-        load_config(dict(cfg, scheduler="local", prompts_per_step=3))
+    with pytest.raises(ConfigError, match=r"policies\[0\]\.workers.*a prompt at least"):
+        load_config(dict(cfg, scheduler="local", prompts_per_step=1))
     with pytest.raises(ConfigError, match=r"policies\[0\]\.workers"):
         load_config(dict(cfg, scheduler="local", policies=[dict(cfg["policies"][0], workers=0), cfg["policies"][1]]))
     plan_cfg = load_config(dict(cfg, scheduler="local"))
@@ -151,3 +151,53 @@ def test_a_killed_rank_stops_the_run_naming_it_and_resume_is_exact(tiny_config, 
     assert _metrics(cut) == _metrics(full)
     rows = _exchange_rows(cut)
     assert rows == _exchange_rows(full)  # the same rows, each as often as in the uninterrupted run
+
+
+def test_mwra_splits_gpus_to_balance_the_step():
+    """A 7B and a 1.5B policy of workers: auto on 8 GPUs get 6 + 2 (not 4 + 4); a fixed count is kept;
+    a policy never gets more ranks than it has prompts, nor one that would not shorten its step."""
+    from mutualrl.allocation.data_parallel import allreduce_seconds, split_devices
+
+    free = lambda i, n: 0.0
+    assert split_devices([7.0, 1.5], 8, [None, None], free) == [6, 2]
+    assert split_devices([7.0, 1.5], 8, [None, 4], free) == [4, 4]
+    assert split_devices([7.0, 1.5], 8, [None, None], free, most=3) == [3, 3]
+    slow = lambda i, n: 0.5 * (n - 1)
+    assert split_devices([2.0, 2.0], 8, [None, None], slow) == [2, 2]
+    assert allreduce_seconds(10**9, 1, 100.0) == 0.0
+    assert allreduce_seconds(10**9, 2, 100.0) == pytest.approx(2 * 0.5 * 4e9 / 1e11)
+
+
+def test_the_8gpu_example_plans_6_plus_2(capsys):
+    """examples/gsm8k_8gpu.yaml (Mistral-7B x Qwen2.5-1.5B, workers: auto) on an 8-GPU node."""
+    from mutualrl.cli import main
+
+    assert main(["plan", str(HERE.parent / "examples" / "gsm8k_8gpu.yaml"), "--resources", "cpus=64,gpus=8x80",
+                 "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    got = {p["name"]: (p["ranks"], p["gpu"]) for p in plan["placements"]}
+    assert got == {"mistral7b": (6, 0), "qwen1b5": (2, 6)}
+    assert all(p["predicted_allreduce_s"] > 0 for p in plan["placements"])
+
+
+def test_auto_ranks_come_from_the_placement(tiny_config):
+    """The placement step gives a workers: auto policy the ranks its allocation planned (each its own
+    GPU from the policy's first); the ranks meet at the scheduler's rendezvous under the policy's name."""
+    from mutualrl.allocation.placement import place
+    from mutualrl.allocation.planner import Allocation, Placement, Resources
+    from mutualrl.resolve import plan_of
+
+    cfg = dict(tiny_config, scheduler="local")
+    cfg["policies"] = [dict(cfg["policies"][0], workers="auto"), cfg["policies"][1]]
+    plan = plan_of(load_config(cfg))
+    assert [(w.index, w.world) for w in plan.workers] == [(0, 1), (1, 1)]
+    alloc = Allocation([Placement(0, "a", 1, 4.0, 2, gpu=2, gpu_fraction=1.0, ranks=3),
+                        Placement(1, "b", 1, 4.0, 2, gpu=5, gpu_fraction=1.0)], Resources(8, []), "gpu")
+    placed = place(plan, alloc, "local", "sqlite:///x.db", rendezvous="tcp://127.0.0.1:1234")
+    assert [(w.index, w.rank, w.world, w.visible_gpu) for w in placed.workers] == [
+        (0, 0, 3, 2), (0, 1, 3, 3), (0, 2, 3, 4), (1, 0, 1, 5)]
+    assert {w.rendezvous for w in placed.workers} == {"tcp://127.0.0.1:1234/a", None}
+    from mutualrl.resolve import RunPlan
+
+    again = RunPlan.from_dict(json.loads(json.dumps(placed.to_dict())))
+    assert again.workers == placed.workers

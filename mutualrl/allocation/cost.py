@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,7 +236,8 @@ def count_parameters(model_ref: str) -> int | None:
 
     Local directories, built zoo policies and prepared real models are read from ``config.json``
     and instantiated on the ``meta`` device; an unbuilt ``zoo:`` policy is sized from its spec
-    (nothing is built or prepared).
+    (nothing is built or prepared); a hub id that is not cached is sized from the size its name
+    states (``Qwen/Qwen2.5-7B-Instruct``: 7e9; ``SmolLM2-135M``: 1.35e8), as model names do.
     """
     try:
         ref = ModelRef.parse(model_ref)
@@ -246,7 +248,16 @@ def count_parameters(model_ref: str) -> int | None:
             return _dir_params(d)
     except Exception:  # noqa: BLE001 - planning must not fail on an odd model; equal cost then
         return None
-    return None
+    return params_from_name(model_ref)
+
+
+def params_from_name(name: str) -> int | None:
+    """The parameter count a model's name states (``...-1.5B-...`` -> 1.5e9, ``...-270m`` -> 2.7e8), or None."""
+    found = re.findall(r"(?<![A-Za-z0-9.])(\d+(?:\.\d+)?)([BbMm])(?![A-Za-z])", name.rsplit("/", 1)[-1])
+    if not found:
+        return None
+    value, unit = found[-1]
+    return int(float(value) * (1e9 if unit in "Bb" else 1e6))
 
 
 def _meta_count(build: Any) -> int:

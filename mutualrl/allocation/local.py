@@ -114,7 +114,7 @@ class LocalScheduler(Scheduler):
         self.plan.say(self.plan.allocation.describe())
         self._scratch = Path(tempfile.mkdtemp(prefix="mutualrl-local-"))
         rendezvous = None
-        if any(spec.world > 1 for spec in plan.workers):  # the ranks of a policy meet here
+        if any(p.workers != 1 for p in cfg.policies):  # the ranks of a policy meet here
             store = serve_store("127.0.0.1", self.timeout)
             self._store, rendezvous = store, f"tcp://127.0.0.1:{store.port}"
         if not plan.placed:  # the one placement step, on the allocation the planner made

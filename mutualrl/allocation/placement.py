@@ -83,8 +83,15 @@ def place(plan: RunPlan, allocation: Allocation, backend: str, exchange: str, *,
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     cfg = plan.config
+    specs = []
+    for spec in plan.workers:  # a policy of ``workers: auto`` has the ranks the plan gives it
+        n = allocation.placements[spec.index].ranks
+        if cfg.policies[spec.index].workers == "auto" and n > 1 and backend != "sequential":
+            specs.extend(dataclasses.replace(spec, rank=r, world=n) for r in range(n))
+        else:
+            specs.append(spec)
     workers = []
-    for spec in plan.workers:
+    for spec in specs:
         pl: Placement = allocation.placements[spec.index]
         pol = cfg.policies[spec.index]
         gpu = physical_gpu(pol.device, cfg.device, pl.gpu)

@@ -15,8 +15,6 @@ step's rollout and update are sequential anyway).
 
 from __future__ import annotations
 
-import itertools
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -29,11 +27,15 @@ from mutualrl.allocation.cost import (
     CostModel,
     estimate_parameters,
 )
+from mutualrl.allocation.data_parallel import (
+    CPU_ALLREDUCE_GB_S,
+    GPU_ALLREDUCE_GB_S,
+    allreduce_seconds,
+    fixed_ranks,
+    split_devices,
+)
+from mutualrl.allocation.shares import balanced_shares, realised_shares, shares_to_threads
 from mutualrl.config import RunConfig
-
-NICE_STEP = 1.25
-"""Linux CFS: each nice level changes a thread's weight by about 1.25x."""
-MAX_NICE = 19
 
 
 @dataclass
@@ -145,6 +147,10 @@ class Placement:
     """Rollout and update in the same worker (always, today)."""
     predicted_rollout_s: float = 0.0
     predicted_update_s: float = 0.0
+    ranks: int = 1
+    """Data-parallel workers of the policy (each on its own GPU from ``gpu`` on, or sharing the cores)."""
+    predicted_allreduce_s: float = 0.0
+    """Of ``predicted_update_s``: the gradients' all-reduce over the ranks."""
 
     @property
     def predicted_step_s(self) -> float:
@@ -187,13 +193,14 @@ class Allocation:
 
     def describe(self) -> str:
         """A plain-text table of the plan."""
-        head = ["policy", "params", "device", "cores", "threads", "nice", "node", "gpu", "rollout_s", "update_s",
-                "step_s"]
+        head = ["policy", "params", "ranks", "device", "cores", "threads", "nice", "node", "gpu", "rollout_s",
+                "update_s", "step_s"]
         rows = []
         for p in self.placements:
-            gpu = "-" if p.gpu is None else f"{p.gpu}" + ("" if p.gpu_fraction >= 1 else f" ({p.gpu_fraction:.2f})")
+            gpu = "-" if p.gpu is None else (f"{p.gpu}-{p.gpu + p.ranks - 1}" if p.ranks > 1 else f"{p.gpu}") + (
+                "" if p.gpu_fraction >= 1 else f" ({p.gpu_fraction:.2f})")
             node = "-" if p.node is None else p.node[:10]
-            rows.append([p.name, _human(p.params), p.device, f"{p.cpu_share:.2f}", str(p.threads), str(p.nice), node, gpu,
+            rows.append([p.name, _human(p.params), str(p.ranks), p.device, f"{p.cpu_share:.2f}", str(p.threads), str(p.nice), node, gpu,
                          f"{p.predicted_rollout_s:.3g}", f"{p.predicted_update_s:.3g}", f"{p.predicted_step_s:.3g}"])
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
         line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
@@ -211,88 +218,6 @@ def _human(n: int) -> str:
     return str(n)
 
 
-# ----------------------------------------------------------------------------- CPU shares
-def balanced_shares(costs: list[float], cores: float, parallel_fraction: float) -> list[float]:
-    """Core shares (summing to ``cores``) that equalise ``c_i * ((1-f) + f/s_i)``.
-
-    Solved by bisection on the common time T: ``s_i(T) = f c_i / (T - (1-f) c_i)``.
-    """
-    f = min(max(parallel_fraction, 1e-6), 1.0)
-    if len(costs) == 1:
-        return [float(cores)]
-    c = [max(x, 1e-12) for x in costs]
-    if f >= 1.0:
-        tot = sum(c)
-        return [cores * x / tot for x in c]
-
-    def total(t: float) -> float:
-        return sum(f * x / (t - (1 - f) * x) for x in c)
-
-    lo = max((1 - f) * x for x in c) * (1 + 1e-12)
-    hi = max(lo * 2, max(c) * 2)
-    while total(hi) > cores:
-        hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if total(mid) > cores:
-            lo = mid
-        else:
-            hi = mid
-    shares = [f * x / (hi - (1 - f) * x) for x in c]
-    scale = cores / sum(shares)
-    return [s * scale for s in shares]
-
-
-def realised_shares(threads: list[int], nice: list[int], cores: float) -> list[float]:
-    """Cores each worker actually gets when its threads compete under CFS weights (1.25x/nice)."""
-    if sum(threads) <= cores + 1e-9:
-        return [float(t) for t in threads]
-    w = [NICE_STEP ** -n for n in nice]
-    per_thread = [0.0] * len(threads)
-    active = set(range(len(threads)))
-    cap = float(cores)
-    while active:
-        unit = cap / sum(w[i] * threads[i] for i in active)
-        full = [i for i in active if w[i] * unit >= 1.0]
-        if not full:
-            for i in active:
-                per_thread[i] = w[i] * unit
-            break
-        for i in full:
-            per_thread[i] = 1.0
-            cap -= threads[i]
-            active.discard(i)
-    return [t * p for t, p in zip(threads, per_thread, strict=True)]
-
-
-def shares_to_threads(shares: list[float], cores: float) -> tuple[list[int], list[int]]:
-    """Integer torch threads (>= 1, at most ``ceil(cores)``) and nice levels for ``shares``.
-
-    Candidate thread counts are the floor and ceiling of each share; nice levels make the
-    per-thread CPU weights proportional to ``share / threads``. Returns the candidate whose
-    realised shares (:func:`realised_shares`) come closest to the targets (smallest largest
-    relative shortfall, oversubscription penalised by 5 %).
-    """
-    cap = max(1, math.ceil(cores - 1e-9))
-    options = [sorted({min(cap, max(1, math.floor(s))), min(cap, max(1, math.ceil(s)))}) for s in shares]
-    best: tuple[float, list[int], list[int]] | None = None
-    for threads in itertools.product(*options):
-        t = list(threads)
-        weights = [s / n for s, n in zip(shares, t, strict=True)]
-        top = max(weights)
-        nice = [min(MAX_NICE, max(0, round(math.log(top / max(w, 1e-9)) / math.log(NICE_STEP)))) for w in weights]
-        if sum(t) <= cores + 1e-9:
-            nice = [0] * len(t)
-        got = realised_shares(t, nice, cores)
-        worst = max(s / max(g, 1e-9) for s, g in zip(shares, got, strict=True))
-        if sum(t) > cores + 1e-9:
-            worst *= 1.05
-        if best is None or worst < best[0] - 1e-9:
-            best = (worst, t, nice)
-    assert best is not None
-    return best[1], best[2]
-
-
 def _cpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], cores: float,
                     node: str | None = None) -> list[Placement]:
     core_s = [sum(costs.core_seconds(i)) for i in idx]
@@ -300,10 +225,13 @@ def _cpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], cores: flo
     threads, nice = shares_to_threads(shares, cores)
     real = realised_shares(threads, nice, cores)
     out = []
+    ranks = fixed_ranks(cfg)
     for i, s, t, n in zip(idx, real, threads, nice, strict=True):
         r, u = costs.seconds(i, s)
+        w = ranks[i] or 1  # auto: one worker on CPU cores (more only add the all-reduce)
+        ar = allreduce_seconds(costs.effective_params(i), w, CPU_ALLREDUCE_GB_S)
         out.append(Placement(i, cfg.policies[i].name, costs.effective_params(i), s, t, n, node,
-                             predicted_rollout_s=r, predicted_update_s=u))
+                             predicted_rollout_s=r, predicted_update_s=u + ar, ranks=w, predicted_allreduce_s=ar))
     return out
 
 
@@ -318,9 +246,37 @@ def model_memory_gb(params: int, beta: float = 0.0) -> float:
     return params * (16 + (4 if beta > 0 else 0)) / 2**30
 
 
+def _ranked_gpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], gpus: list[GPUDevice],
+                           cores: float, node: str | None = None) -> list[Placement]:
+    """Whole GPUs per policy, several for a policy with ``workers`` > 1 or ``auto``
+    (:func:`~mutualrl.allocation.data_parallel.split_devices`), in consecutive blocks."""
+    speed = PRIOR_GPU_S_PER_FLOP / PRIOR_CORE_S_PER_FLOP
+    step = [sum(costs.core_seconds(i)) * speed for i in idx]
+    fixed = [fixed_ranks(cfg)[i] for i in idx]
+    trainable = [costs.effective_params(i) for i in idx]
+    comm = lambda j, n: allreduce_seconds(trainable[j], n, GPU_ALLREDUCE_GB_S)
+    counts = split_devices(step, len(gpus), fixed, comm, most=cfg.prompts_per_step)
+    if sum(counts) > len(gpus):
+        raise ValueError(f"the policies ask for {sum(counts)} GPUs (workers: {counts}); {len(gpus)} are there")
+    out, first = [], 0
+    order = sorted(gpus, key=lambda g: g.index)
+    for j, i in enumerate(idx):
+        n = counts[j]
+        r, u = costs.core_seconds(i)
+        ar = comm(j, n)
+        out.append(Placement(i, cfg.policies[i].name, costs.effective_params(i), cores / len(idx),
+                             max(1, int(cores // sum(counts))), 0, node, order[first].index, 1.0,
+                             predicted_rollout_s=r * speed / n, predicted_update_s=u * speed / n + ar, ranks=n,
+                             predicted_allreduce_s=ar))
+        first += n
+    return out
+
+
 def _gpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], gpus: list[GPUDevice], cores: float,
                     node: str | None = None) -> list[Placement]:
     k = len(idx)
+    if any(cfg.policies[i].workers != 1 for i in idx) and len(gpus) >= k:
+        return _ranked_gpu_placements(cfg, costs, idx, gpus, cores, node)
     order = sorted(idx, key=lambda i: -sum(costs.core_seconds(i)))
     devs = sorted(gpus, key=lambda g: -g.memory_gb)
     load = {g.index: 0.0 for g in devs}
@@ -444,5 +400,5 @@ def plan_for(cfg: RunConfig, resources: Resources) -> Allocation:
         return plan(cfg, resources)
     k = max(1, len(cfg.policies))
     share = resources.cpus / k
-    return Allocation([Placement(i, p.name, 0, share, max(1, int(share))) for i, p in enumerate(cfg.policies)],
-                      resources, "equal")
+    return Allocation([Placement(i, p.name, 0, share, max(1, int(share)), ranks=p.workers if isinstance(p.workers, int)
+                                 else 1) for i, p in enumerate(cfg.policies)], resources, "equal")

@@ -148,7 +148,7 @@ class RayScheduler(Scheduler):
         self.plan.say(self.plan.allocation.describe())
         self.exchange_url = self._exchange(cfg, resources)
         rendezvous = None
-        if any(spec.world > 1 for spec in plan.workers):  # the ranks of a policy meet at the driver
+        if any(p.workers != 1 for p in cfg.policies):  # the ranks of a policy meet at the driver
             host = ray.util.get_node_ip_address()
             self._store = serve_store(host, self.timeout)
             rendezvous = f"tcp://{host}:{self._store.port}"

@@ -1,0 +1,68 @@
+"""MWRA over ranks: how many data-parallel workers each policy gets, and what a step costs on them.
+
+A policy's step on N ranks costs its single-worker compute over N plus the gradient all-reduce
+(a ring: each rank sends and receives ``2 (N - 1) / N`` times the trainable weights' bytes). On
+GPUs the planner gives every policy whole GPUs: a policy with ``workers: N`` keeps N, and the
+GPUs left go to the ``workers: auto`` policies one at a time, each to the policy whose predicted
+step is slowest while that shortens it (the step is as slow as the slowest policy), so two
+policies of 7B and 1.5B parameters on 8 GPUs get 6 + 2. A policy has at most ``prompts_per_step``
+ranks (a prompt each). On CPU cores an ``auto`` policy has one
+worker: more ranks on the same cores only add the all-reduce (``benchmarks/data_parallel.py``
+measures it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from mutualrl.config import RunConfig
+
+GPU_ALLREDUCE_GB_S = 100.0
+"""Bus bandwidth of a GPU all-reduce within a node (NVLink-class; PCIe is ~10x less), GB/s."""
+CPU_ALLREDUCE_GB_S = 2.0
+"""Bandwidth of a gloo all-reduce between processes of one machine, GB/s (order of a measured figure)."""
+
+
+def allreduce_seconds(trainable_params: int, ranks: int, gb_s: float, bytes_per_param: int = 4) -> float:
+    """Predicted time of one ring all-reduce of the gradients over ``ranks`` workers."""
+    if ranks <= 1:
+        return 0.0
+    return 2.0 * (ranks - 1) / ranks * trainable_params * bytes_per_param / (gb_s * 1e9)
+
+
+def fixed_ranks(cfg: RunConfig) -> list[int | None]:
+    """Each policy's ``workers`` when it is a number, None for ``auto``."""
+    return [p.workers if isinstance(p.workers, int) else None for p in cfg.policies]
+
+
+def split_devices(step_s: Sequence[float], devices: int, fixed: Sequence[int | None],
+                  comm_s: Callable[[int, int], float], most: int | None = None) -> list[int]:
+    """Whole devices per policy: ``fixed`` counts kept, the rest of ``devices`` given out greedily.
+
+    ``step_s[i]``: policy ``i``'s step on one device; ``comm_s(i, n)``: its all-reduce on ``n``;
+    ``most``: the most ranks a policy may have (``prompts_per_step``: a prompt each at least). Every
+    ``auto`` policy gets at least one device; each further device goes to the policy whose predicted
+    step ``step_s[i] / n + comm_s(i, n)`` is the largest, if one more shortens it. Devices no policy
+    gains from stay unused.
+    """
+    counts = [f if f is not None else 1 for f in fixed]
+    left = devices - sum(counts)
+
+    def predicted(i: int, n: int) -> float:
+        return step_s[i] / n + comm_s(i, n)
+
+    while left > 0:
+        best: tuple[float, int] | None = None
+        for i, f in enumerate(fixed):
+            if f is not None:
+                continue
+            n = counts[i] + 1
+            if (most is not None and n > most) or predicted(i, n) >= predicted(i, counts[i]):
+                continue
+            if best is None or predicted(i, counts[i]) > best[0]:
+                best = (predicted(i, counts[i]), i)
+        if best is None:
+            break
+        counts[best[1]] += 1
+        left -= 1
+    return counts
