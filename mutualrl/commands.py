@@ -63,9 +63,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("demo", help="the embedded default end to end: zoo, arms, report",
-                       description="Load the shipped policy zoo, run plain GRPO and imitate (peers' verified "
-                       "successes plus the learner's own; or the --arms given) on the same seeds and prompts, and "
-                       "write report.md with figures.")
+                       description="Load the shipped policy zoo, run plain GRPO, the no-peer control self_imitate "
+                       "and imitate (peers' verified successes plus the learner's own; or the --arms given) on the "
+                       "same seeds and prompts, and write report.md: the peers' share (imitate minus the stronger "
+                       "single-model arm, chosen on validation) and figures.")
     p.add_argument("-o", "--output", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--quick", action="store_true", help="a smaller run (fewer steps and test problems)")
     p.add_argument("--arms", default=",".join(DEMO_ARMS),

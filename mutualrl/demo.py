@@ -1,8 +1,9 @@
 """``mutualrl demo``: the embedded default end to end.
 
-Builds (or reuses) the policy zoo, runs the arms (by default plain GRPO and success-gated
-transfer; ``--arms`` for more) on the same seeds and prompts, and writes ``report.md`` with the
-paper-style figure and per-skill accuracies. The two policies of an arm run in two worker
+Builds (or reuses) the policy zoo, runs the arms (by default plain GRPO, the no-peer control
+``self_imitate`` and ``imitate``; ``--arms`` for others) on the same seeds and prompts, and writes
+``report.md``: the peers' share (the sharing arm minus the stronger single-model arm, both chosen
+on the validation split), the paper-style figure and per-skill accuracies. The two policies of an arm run in two worker
 processes (the local scheduler), one core each.
 """
 
@@ -19,13 +20,15 @@ from mutualrl.modelref import ModelRef
 DEMO_POLICIES = ["gpt2-add", "llama-sub"]
 DEMO_STEPS = 200
 """Steps per arm of ``mutualrl demo`` (the study, ``benchmarks/mutual.py``, runs 300): the shared
-skills have come back by then, and two arms fit the ten minutes a first run may take."""
+skills have come back by then, and three arms fit the ten minutes a first run may take."""
 SUPERVISED_STEP = {"weight": 1.0, "learning_rate": 3e-4}
 """The supervised steps' settings (``sgt``, ``imitate``, ``self_imitate``): rows at weight 1 in an
 AdamW step of their own at lr 3e-4 (peer rows capped at 64 a step)."""
-DEMO_ARMS = ["independent", "imitate"]
-"""What ``mutualrl demo`` runs by default: plain GRPO and the best sharing arm of the zoo study
-(``benchmarks/mutual.py``), on the same seed and prompts."""
+DEMO_ARMS = ["independent", "self_imitate", "imitate"]
+"""What ``mutualrl demo`` runs by default, on the same seed and prompts: plain GRPO, the control that
+takes imitate's extra supervised step on the learner's own successes without any peer, and the best
+sharing arm of the zoo study (``benchmarks/mutual.py``). What the peers add is imitate minus the
+control, not minus plain GRPO (the extra step alone pays part of the gain)."""
 
 
 def demo_config(strategy: str, seed: int = 0, *, quick: bool = False, steps: int | None = None,
@@ -39,7 +42,7 @@ def demo_config(strategy: str, seed: int = 0, *, quick: bool = False, steps: int
     """
     return {
         "policies": [{"name": n, "model": str(ModelRef("zoo", n, zoo_seed))} for n in DEMO_POLICIES],
-        "task": {"preset": "zoo", "test_size": 1000, "seed": 0, "reward": "exact"},
+        "task": {"preset": "zoo", "test_size": 1000, "val_size": 200 if quick else 1000, "seed": 0, "reward": "exact"},
         "grpo": {"num_generations": 8, "learning_rate": 1e-4, "max_completion_length": 6,
                  "temperature": 1.0, "loss_type": "dr_grpo", "scale_rewards": "group", "dynamic_sampling": "skip"},
         "sharing": {"strategy": strategy, "sgt": {**SUPERVISED_STEP, "max_rows": 64},
