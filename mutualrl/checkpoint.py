@@ -72,7 +72,8 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     fsync_dir(p.parent)
 
 
-def _fsync_tree(root: Path) -> None:
+def fsync_tree(root: str | os.PathLike[str]) -> None:
+    """Flush every file and directory under ``root`` to disk (before a rename publishes it)."""
     for dirpath, _dirs, files in os.walk(root):
         for f in files:
             fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
@@ -359,7 +360,7 @@ class CheckpointManager:
                     "time": time.time(), "manifest": _manifest(tmp)}
             with open(tmp / TRAINER_STATE, "w", encoding="utf-8") as fh:
                 fh.write(json.dumps(full, indent=1))
-            _fsync_tree(tmp)
+            fsync_tree(tmp)
             if final.exists():  # the same step written again (e.g. a run extended with --steps)
                 old = self.root / f".old-{name}"
                 os.replace(final, old)

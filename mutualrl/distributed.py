@@ -23,6 +23,7 @@ What the ranks agree on (:class:`RankGroup`):
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -87,6 +88,8 @@ class RankGroup:
         self.rank, self.world = rank, world
         self.device = torch.device(device)
         self.initialized = False
+        self.gradient_sync_s = 0.0
+        """Seconds spent summing gradients so far (the all-reduce's share of a step)."""
         if world == 1:
             return
         if rendezvous is None:
@@ -124,6 +127,7 @@ class RankGroup:
         so a rank without rows of a phase still takes part), in one flat buffer."""
         if not self.active:
             return
+        t0 = time.perf_counter()
         ps = [p for p in params if p.requires_grad]
         for p in ps:
             if p.grad is None:
@@ -135,6 +139,7 @@ class RankGroup:
             n = p.numel()
             p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
             offset += n
+        self.gradient_sync_s += time.perf_counter() - t0
 
     def broadcast_parameters(self, module: torch.nn.Module) -> None:
         """Every rank takes rank 0's parameters and buffers (identical starts)."""

@@ -45,6 +45,7 @@ from mutualrl.checkpoint import (
     TRAINER_STATE,
     CheckpointError,
     fsync_dir,
+    fsync_tree,
     load_module,
     step_of,
 )
@@ -221,14 +222,7 @@ def staged_directory(final: Path, *, overwrite: bool) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
-        for dirpath, _dirs, files in os.walk(tmp):
-            for name in files:
-                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        fsync_dir(tmp)
+        fsync_tree(tmp)
         if final.exists():
             if not overwrite:
                 raise ExportError(f"{final} already exists; remove it or export with --force")

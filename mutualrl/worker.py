@@ -323,12 +323,15 @@ class PolicyWorker(WorkerAPI):
         t2 = time.perf_counter()
         fault_point("update")
         gen = self.pcfg.generation
+        sync0 = self.ranks.gradient_sync_s
         stats = train_on_batch(self.policy, batch, ranks=self.ranks,
                                is_cap=gen.importance_sampling_cap if gen.importance_sampling_correction else None)
         t_sync = self.policy.sync_engine()
         m = dict(batch.metrics)
         m.update(stats)
         m["sync_s"] = t_sync
+        if self.ranks.active:
+            m["allreduce_s"] = self.ranks.gradient_sync_s - sync0
         m["rss_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if self.policy.device.type == "cuda":
             m["cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.policy.device) / 2**20

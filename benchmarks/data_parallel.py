@@ -1,0 +1,113 @@
+"""A policy on 1 rank x 2 threads against 2 ranks x 1 thread on this machine, and what MWRA predicted.
+
+    python benchmarks/data_parallel.py [--steps 6] [--quick]
+
+For each model (the zoo pair's ``gpt2-add`` and ``llama-sub`` policies, and SmolLM2-135M from the
+``real-small`` preset) one policy trains alone under the local scheduler for ``--steps`` steps
+(the first is left out as warm-up): once as one worker with 2 torch threads, once as 2
+data-parallel ranks (``workers: 2``) with 1 thread each. Reported per model and layout: the mean
+step time (rollout, update), the gradient all-reduce's seconds and share of the step (measured in
+the ranks: ``allreduce_s``), and the planner's prediction for the same layout before any step ran
+(``mutualrl plan``'s first plan, uncalibrated) with its error against the measured step. Writes
+``benchmarks/results/data_parallel.json`` (load average recorded: run it alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import git_rev, machine, write_result
+
+MODELS = {
+    "zoo:gpt2-add": {"prompts": 64, "generations": 8, "max_new": 6},
+    "zoo:llama-sub": {"prompts": 64, "generations": 8, "max_new": 6},
+    "real:smollm2": {"prompts": 4, "generations": 4, "max_new": 12},
+}
+
+
+def config(model: str, workers: int, threads: int, steps: int) -> dict[str, Any]:
+    m = MODELS[model]
+    task = {"preset": "zoo", "test_size": 20, "seed": 0, "reward": "exact"}
+    return {"policies": [{"name": "p", "model": model, "workers": workers,
+                          **({"prompt_template": "Question: {question}\nAnswer:"} if model.startswith("real") else {})}],
+            "task": task,
+            "grpo": {"num_generations": m["generations"], "max_completion_length": m["max_new"],
+                     "learning_rate": 1e-5 if model.startswith("real") else 1e-4, "dynamic_sampling": "off"},
+            "sharing": {"strategy": "independent"}, "steps": steps, "prompts_per_step": m["prompts"],
+            "eval_every": 10_000, "eval_size": 1, "checkpoint_every": 10_000, "scheduler": "local",
+            "threads": threads, "seed": 0}
+
+
+def predicted(cfg: dict[str, Any]) -> float:
+    """The planner's first (uncalibrated) step time for the config on 2 cores."""
+    from mutualrl.allocation.cost import CostModel, estimate_parameters
+    from mutualrl.allocation.planner import Resources, plan
+    from mutualrl.resolve import load_config
+
+    c = load_config(cfg)
+    return plan(c, Resources(2.0), CostModel(c, estimate_parameters(c))).predicted_step_s
+
+
+def measure(model: str, workers: int, threads: int, steps: int) -> dict[str, Any]:
+    from mutualrl.trainer import MutualTrainer
+
+    cfg = config(model, workers, threads, steps)
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        tr = MutualTrainer(cfg, Path(d) / "run", progress=False)
+        tr.train()
+        wall = time.perf_counter() - t0
+    rows = [r for r in tr.history if r.get("event") is None and r["step"] >= 1]  # step 0: warm-up
+    step = statistics.fmean(r["step_s"] for r in rows)
+    ar = statistics.fmean(r.get("allreduce_s", 0.0) for r in rows)
+    pred = predicted(cfg)
+    return {"model": model, "workers": workers, "threads_per_worker": threads, "steps_timed": len(rows),
+            "step_s": step, "rollout_s": statistics.fmean(r["step_rollout_s"] for r in rows),
+            "update_s": statistics.fmean(r["step_update_s"] for r in rows), "allreduce_s": ar,
+            "allreduce_share": ar / step if step else 0.0, "wall_s": wall,
+            "planner_first_prediction_s": pred, "planner_error": pred / step - 1.0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--quick", action="store_true", help="3 steps, the zoo models only")
+    ap.add_argument("--models", default=",".join(MODELS))
+    args = ap.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    if args.quick:
+        args.steps, models = 3, [m for m in models if m.startswith("zoo:")]
+    if any(m.startswith("real:") for m in models):
+        from mutualrl.realmodels import prepare_preset
+
+        prepare_preset("real-small", progress=False)
+    load0 = os.getloadavg()[0]
+    rows = []
+    for model in models:
+        for workers, threads in ((1, 2), (2, 1)):
+            r = measure(model, workers, threads, args.steps)
+            rows.append(r)
+            print(f"{model:16s} {workers} x {threads} thread(s): step {r['step_s']:.3f}s (rollout {r['rollout_s']:.3f}, "
+                  f"update {r['update_s']:.3f}, all-reduce {r['allreduce_s']:.4f} = {100 * r['allreduce_share']:.1f} %); "
+                  f"planner's first prediction {r['planner_first_prediction_s']:.3g}s "
+                  f"({100 * r['planner_error']:+.0f} %)", flush=True)
+    by = {(r["model"], r["workers"]): r for r in rows}
+    speedup = {m: by[(m, 1)]["step_s"] / by[(m, 2)]["step_s"] for m in models}
+    write_result("data_parallel_quick" if args.quick else "data_parallel",
+                 {"rows": rows, "speedup_2_ranks_over_1": speedup, "steps": args.steps, "machine": machine(),
+                  "load_avg": {"start": load0, "end": os.getloadavg()[0]}, "git_rev": git_rev(),
+                  "note": "one policy alone; 2 cores; step 0 left out; planner prediction before any step"})
+    print(json.dumps(speedup, indent=1))
+
+
+if __name__ == "__main__":
+    main()
