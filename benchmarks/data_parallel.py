@@ -7,8 +7,9 @@ For each model (the zoo pair's ``gpt2-add`` and ``llama-sub`` policies, and Smol
 (the first is left out as warm-up): once as one worker with 2 torch threads, once as 2
 data-parallel ranks (``workers: 2``) with 1 thread each. Reported per model and layout: the mean
 step time (rollout, update), the gradient all-reduce's seconds and share of the step (measured in
-the ranks: ``allreduce_s``), and the planner's prediction for the same layout before any step ran
-(``mutualrl plan``'s first plan, uncalibrated) with its error against the measured step. Writes
+the ranks: ``allreduce_s``), and the planner's prediction for the same layout before any step of
+the run: from the FLOP prior, and after ``mutualrl plan --calibrate``'s short calibration (2 real
+steps of one worker), each with its error against the measured step. Writes
 ``benchmarks/results/data_parallel.json`` (load average recorded: run it alone).
 """
 
@@ -47,14 +48,20 @@ def config(model: str, workers: int, threads: int, steps: int) -> dict[str, Any]
             "threads": threads, "seed": 0}
 
 
-def predicted(cfg: dict[str, Any]) -> float:
-    """The planner's first (uncalibrated) step time for the config on 2 cores."""
+def predicted(cfg: dict[str, Any], threads: int) -> tuple[float, float]:
+    """The planner's step time for the config on 2 cores before any step of the run: from the FLOP
+    prior, and after the short calibration (``mutualrl plan --calibrate``: 2 real steps of one worker
+    on ``threads`` threads, the ranks' step then predicted as compute / N plus the all-reduce)."""
+    from mutualrl.allocation.calibrate import calibrate
     from mutualrl.allocation.cost import CostModel, estimate_parameters
     from mutualrl.allocation.planner import Resources, plan
     from mutualrl.resolve import load_config
 
     c = load_config(cfg)
-    return plan(c, Resources(2.0), CostModel(c, estimate_parameters(c))).predicted_step_s
+    costs = CostModel(c, estimate_parameters(c))
+    prior = plan(c, Resources(2.0), costs).predicted_step_s
+    calibrate(c, costs, steps=2, threads=threads)
+    return prior, plan(c, Resources(2.0), costs).predicted_step_s
 
 
 def measure(model: str, workers: int, threads: int, steps: int) -> dict[str, Any]:
@@ -69,12 +76,13 @@ def measure(model: str, workers: int, threads: int, steps: int) -> dict[str, Any
     rows = [r for r in tr.history if r.get("event") is None and r["step"] >= 1]  # step 0: warm-up
     step = statistics.fmean(r["step_s"] for r in rows)
     ar = statistics.fmean(r.get("allreduce_s", 0.0) for r in rows)
-    pred = predicted(cfg)
+    prior, calibrated = predicted(cfg, threads)
     return {"model": model, "workers": workers, "threads_per_worker": threads, "steps_timed": len(rows),
             "step_s": step, "rollout_s": statistics.fmean(r["step_rollout_s"] for r in rows),
             "update_s": statistics.fmean(r["step_update_s"] for r in rows), "allreduce_s": ar,
             "allreduce_share": ar / step if step else 0.0, "wall_s": wall,
-            "planner_first_prediction_s": pred, "planner_error": pred / step - 1.0}
+            "planner_prior_s": prior, "planner_prior_error": prior / step - 1.0,
+            "planner_first_prediction_s": calibrated, "planner_error": calibrated / step - 1.0}
 
 
 def main() -> None:
@@ -98,8 +106,9 @@ def main() -> None:
             rows.append(r)
             print(f"{model:16s} {workers} x {threads} thread(s): step {r['step_s']:.3f}s (rollout {r['rollout_s']:.3f}, "
                   f"update {r['update_s']:.3f}, all-reduce {r['allreduce_s']:.4f} = {100 * r['allreduce_share']:.1f} %); "
-                  f"planner's first prediction {r['planner_first_prediction_s']:.3g}s "
-                  f"({100 * r['planner_error']:+.0f} %)", flush=True)
+                  f"planner: prior {r['planner_prior_s']:.3g}s ({100 * r['planner_prior_error']:+.0f} %), "
+                  f"calibrated first plan {r['planner_first_prediction_s']:.3g}s ({100 * r['planner_error']:+.0f} %)",
+                  flush=True)
     by = {(r["model"], r["workers"]): r for r in rows}
     speedup = {m: by[(m, 1)]["step_s"] / by[(m, 2)]["step_s"] for m in models}
     write_result("data_parallel_quick" if args.quick else "data_parallel",

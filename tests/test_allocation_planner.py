@@ -127,3 +127,23 @@ def test_plan_cli(tiny_models, tmp_path, capsys):
     assert main(["plan", str(path), "--resources", "cpus=4"]) == 0
     out = capsys.readouterr().out
     assert "MWRA plan: 4 CPU" in out and "a " in out and "b " in out
+
+
+def test_plan_calibrate_plans_from_measured_steps(tiny_config, tmp_path, capsys):
+    """``mutualrl plan --calibrate``: each policy's real steps are timed first and the plan is made from
+    them (calibrated, every policy measured), not from the FLOP prior."""
+    import json
+
+    import yaml
+
+    from mutualrl.cli import main
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(dict(tiny_config, threads=1)))
+    assert main(["plan", str(cfg), "--resources", "cpus=2", "--calibrate", "1", "--json"]) == 0
+    out = capsys.readouterr()
+    got = json.loads(out.out)
+    assert got["plan"]["calibrated"] is True
+    assert all(p["measured_steps"] == 1 for p in got["costs"]["policies"])
+    assert out.err.count("calibrated ") == 2
+    assert main(["plan", str(cfg), "--calibrate", "0"]) == 2  # a positive number of steps

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from mutualrl.errors import UserError
 
@@ -17,6 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resources", help="plan for these instead of this machine: cpus=N[,gpus=NxGiB]")
     p.add_argument("--ray", action="store_true", help="plan for the Ray cluster (RAY_ADDRESS or a local one)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--calibrate", type=int, nargs="?", const=2, default=None, metavar="STEPS",
+                   help="first time STEPS (default 2) real steps of each policy alone on this machine, on the "
+                   "threads the plan gives it, and plan from those measurements instead of the FLOP prior "
+                   "(loads every model; minutes for real models)")
     p.set_defaults(func=cmd_plan)
 
 
@@ -43,6 +48,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         costs = CostModel(cfg, estimate_parameters(cfg))
         alloc = plan(cfg, resources, costs)
+        if args.calibrate is not None:
+            if args.calibrate < 1:
+                raise UserError(f"--calibrate takes a positive number of steps, got {args.calibrate}")
+            from mutualrl.allocation.calibrate import calibrate
+
+            calibrate(cfg, costs, steps=args.calibrate, threads=[p.threads for p in alloc.placements],
+                      say=lambda m: print(m, file=sys.stderr, flush=True))
+            alloc = plan(cfg, resources, costs)
         if args.json:
             print(json.dumps({"plan": alloc.to_dict(), "costs": costs.to_dict()}, indent=1))
         else:

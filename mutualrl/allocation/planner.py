@@ -227,8 +227,9 @@ def _cpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], cores: flo
     out = []
     ranks = fixed_ranks(cfg)
     for i, s, t, n in zip(idx, real, threads, nice, strict=True):
-        r, u = costs.seconds(i, s)
         w = ranks[i] or 1  # auto: one worker on CPU cores (more only add the all-reduce)
+        r, u = costs.seconds(i, s / w)  # each rank: 1/w of the work on 1/w of the share
+        r, u = r / w, u / w
         ar = allreduce_seconds(costs.effective_params(i), w, CPU_ALLREDUCE_GB_S)
         out.append(Placement(i, cfg.policies[i].name, costs.effective_params(i), s, t, n, node,
                              predicted_rollout_s=r, predicted_update_s=u + ar, ranks=w, predicted_allreduce_s=ar))
