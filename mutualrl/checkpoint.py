@@ -176,6 +176,8 @@ def optimizer_file(phase: str) -> str:
     return OPTIMIZER_FILE if phase == "policy" else f"optimizer_{phase}.pt"
 RNG_FILE = "rng.pt"
 STATE_FILE = "state.json"
+RANKS_FILE = "ranks.json"
+"""How many data-parallel ranks wrote a policy's state (only when more than one)."""
 
 
 def tied_aliases(module: Any) -> dict[str, str]:
@@ -244,7 +246,8 @@ def rank_file(name: str, rank: int) -> str:
     return f"{stem}-rank{rank}{dot}{suffix}"
 
 
-def save_policy_state(directory: str | os.PathLike[str], policy: Any, extra: dict[str, Any], rank: int = 0) -> None:
+def save_policy_state(directory: str | os.PathLike[str], policy: Any, extra: dict[str, Any], rank: int = 0,
+                      world: int = 1) -> None:
     """Write one policy's resumable state into ``directory``: its trainable weights (every weight,
     or only the adapter with LoRA), optimizer state, RNG states (its sampling generator, torch's,
     Python's and NumPy's) and ``extra`` (JSON-able counters).
@@ -257,6 +260,8 @@ def save_policy_state(directory: str | os.PathLike[str], policy: Any, extra: dic
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     if rank == 0:
+        if world > 1:
+            (d / RANKS_FILE).write_text(json.dumps({"world": world}), encoding="utf-8")
         save_module(policy.model, d / MODEL_FILE, policy.checkpoint_keys())
         for phase, opt in policy.optimizers.items():
             torch.save(opt.state_dict(), d / optimizer_file(phase))
@@ -266,12 +271,18 @@ def save_policy_state(directory: str | os.PathLike[str], policy: Any, extra: dic
     (d / rank_file(STATE_FILE, rank)).write_text(json.dumps(state), encoding="utf-8")
 
 
-def load_policy_state(directory: str | os.PathLike[str], policy: Any, rank: int = 0) -> dict[str, Any]:
+def load_policy_state(directory: str | os.PathLike[str], policy: Any, rank: int = 0, world: int = 1) -> dict[str, Any]:
     """Restore what :func:`save_policy_state` wrote (RNG states included, ``rank``'s own); returns its
-    ``extra``."""
+    ``extra``. A checkpoint written by another number of ranks is refused (:class:`CheckpointError`):
+    the ranks' sampling states and counters would not continue."""
     import torch
 
     d = Path(directory)
+    written = json.loads((d / RANKS_FILE).read_text(encoding="utf-8"))["world"] if (d / RANKS_FILE).is_file() else 1
+    if int(written) != world:
+        raise CheckpointError(f"{d}: written by {written} rank(s) of this policy, resumed with {world}: set the "
+                              f"policy's workers to {written} to resume it (a workers: auto plan may differ on "
+                              "other hardware)")
     load_module(policy.model, d / MODEL_FILE, policy.checkpoint_keys())
     extra = [ph for ph in policy.optimizers if ph != "policy"]
     for phase, opt in policy.optimizers.items():

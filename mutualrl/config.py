@@ -204,8 +204,8 @@ class PolicyConfig(Freezable):
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     workers: int | Literal["auto"] = bounded(1, ge=1, le=1024)
     """Data-parallel ranks that train this policy (``local`` or ``ray`` scheduler): each rolls out
-    its share of the step's prompts, and their gradients are summed, so the update is the one a
-    single worker makes on the whole step. ``auto``: the MWRA plan gives it whole GPUs to balance
+    its share of the step's prompts, and their gradients are summed, so the update on the step's
+    batch is the one a single worker makes on it. ``auto``: the MWRA plan gives it whole GPUs to balance
     the step (one worker on CPU cores). ``docs/allocation.md``, "A policy on several workers"."""
 
 

@@ -31,6 +31,15 @@ import torch
 import torch.distributed as dist
 
 STORE_PREFIX = "mutualrl"
+BUCKET_ELEMENTS = 1 << 24
+"""Gradient values per all-reduce bucket (64 MiB in fp32): the copy a bucket needs stays small."""
+
+
+def progress(store: dist.Store, prefix: str, world: int) -> list[int]:
+    """Collectives each rank of the policy under ``prefix`` reached (:meth:`RankGroup.mark`), from the
+    scheduler's own store; 0 for a rank that never marked."""
+    keys = dist.PrefixStore(f"{STORE_PREFIX}/{prefix}/ranks", store)
+    return [int(keys.add(f"progress/{r}", 0)) for r in range(world)]
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,8 @@ class RankGroup:
         self.rank, self.world = rank, world
         self.device = torch.device(device)
         self.initialized = False
+        self.store: dist.Store | None = None
+        """The policy's key space in the scheduler's store (progress marks)."""
         self.gradient_sync_s = 0.0
         """Seconds spent summing gradients so far (the all-reduce's share of a step)."""
         if world == 1:
@@ -98,6 +109,7 @@ class RankGroup:
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(rv.host, rv.port, is_master=False, timeout=timeout)
         prefixed = dist.PrefixStore(f"{STORE_PREFIX}/{rv.prefix}", store)
+        self.store = dist.PrefixStore("ranks", prefixed)
         dist.init_process_group(backend_for(self.device), store=prefixed, rank=rank, world_size=world, timeout=timeout)
         self.initialized = True
 
@@ -114,6 +126,7 @@ class RankGroup:
         """``values`` summed element-wise over the ranks (float64 on the wire)."""
         if not self.active:
             return [float(v) for v in values]
+        self.mark()
         t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return [float(v) for v in t.tolist()]
@@ -123,28 +136,51 @@ class RankGroup:
         return [v > 0 for v in self.sum([1.0 if f else 0.0 for f in flags])]
 
     def sum_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
-        """Sum the gradients of ``params`` over the ranks in place (a missing gradient counts as zero,
-        so a rank without rows of a phase still takes part), in one flat buffer."""
+        """Sum the gradients of ``params`` over the ranks in place, in buckets of at most
+        :data:`BUCKET_ELEMENTS` values. A parameter with a gradient on no rank keeps none (as with one
+        worker: the optimizer skips it); one with a gradient on some ranks counts as zero on the
+        others (a rank without rows of a phase still takes part)."""
         if not self.active:
             return
         t0 = time.perf_counter()
         ps = [p for p in params if p.requires_grad]
+        self.mark()
+        has = torch.tensor([p.grad is not None for p in ps], dtype=torch.float32, device=self.device)
+        dist.all_reduce(has, op=dist.ReduceOp.SUM)
+        ps = [p for p, h in zip(ps, has.tolist(), strict=True) if h > 0]
         for p in ps:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in ps])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for p in ps:
-            n = p.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-            offset += n
+        bucket: list[torch.nn.Parameter] = []
+        size = 0
+        for p in ps + [None]:  # type: ignore[list-item]
+            if p is not None and (not bucket or size + p.numel() <= BUCKET_ELEMENTS):
+                bucket.append(p)
+                size += p.numel()
+                continue
+            flat = torch.cat([q.grad.reshape(-1) for q in bucket])  # type: ignore[union-attr]
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            offset = 0
+            for q in bucket:
+                n = q.numel()
+                q.grad.copy_(flat[offset:offset + n].view_as(q.grad))  # type: ignore[union-attr]
+                offset += n
+            bucket, size = ([p], p.numel()) if p is not None else ([], 0)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         self.gradient_sync_s += time.perf_counter() - t0
+
+    def mark(self) -> None:
+        """Count one more collective reached by this rank (``progress/<rank>`` in the policy's store):
+        when the ranks stop, the one whose count is behind is the one the others wait for."""
+        if self.store is not None:
+            self.store.add(f"progress/{self.rank}", 1)
 
     def broadcast_parameters(self, module: torch.nn.Module) -> None:
         """Every rank takes rank 0's parameters and buffers (identical starts)."""
         if not self.active:
             return
+        self.mark()
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(t.data, src=0)

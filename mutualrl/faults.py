@@ -10,6 +10,11 @@
   (``{"policy", "step", "ids"}``), fsynced before the worker goes on, so a test knows exactly
   which records the exchange promised to keep.
 
+* ``MUTUALRL_FAULT_WORKER=<label>`` limits the fault to the worker process of that label (the
+  policy's name, or ``"<policy> rank <r>"`` for one rank of a policy on several workers).
+* ``MUTUALRL_FAULT_ACTION=hang`` makes the process stop answering at the point (sleep forever)
+  instead of killing itself: a hung worker, for the timeouts.
+
 Both are read once per process; with neither set every call here is a cheap no-op.
 """
 
@@ -19,6 +24,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable
 
@@ -48,10 +54,16 @@ def fault_point(name: str) -> None:
     target = _target()
     if target is None or target[0] != name:
         return
+    only = os.environ.get("MUTUALRL_FAULT_WORKER")
+    if only and os.environ.get("MUTUALRL_WORKER") != only:
+        return
     with _LOCK:
         _HITS[name] += 1
         hit = _HITS[name]
     if hit == target[1]:
+        if os.environ.get("MUTUALRL_FAULT_ACTION") == "hang":
+            while True:
+                time.sleep(3600)
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -366,11 +366,11 @@ class PolicyWorker(WorkerAPI):
     def save(self, directory: str | Path) -> None:  # type: ignore[override]
         """Write this policy's weights, optimizer and RNG states into ``directory``."""
         save_policy_state(directory, self.policy, {"reward_stats": dataclasses.asdict(self.task.reward_stats)},
-                          rank=self.ranks.rank)
+                          rank=self.ranks.rank, world=self.ranks.world)
 
     def load(self, directory: str | Path) -> None:  # type: ignore[override]
         """Restore what :meth:`save` wrote (weights strictly: a missing key is an error)."""
-        st = load_policy_state(directory, self.policy, rank=self.ranks.rank)
+        st = load_policy_state(directory, self.policy, rank=self.ranks.rank, world=self.ranks.world)
         self.policy.sync_engine()  # a separate sampler (vLLM) samples from the restored weights
         for k, v in st.get("reward_stats", {}).items():  # cumulative counters continue where they were
             setattr(self.task.reward_stats, k, int(v))

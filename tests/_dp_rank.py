@@ -19,12 +19,13 @@ from mutualrl.config import GRPOOptions
 from mutualrl.distributed import RankGroup
 from mutualrl.policy import Policy
 
-PROMPTS, G = 6, 4
+PROMPTS, G = 5, 4
+"""Five prompts: rank 0 takes three, rank 1 two (uneven shares)."""
 
 
 def fixed_batch(strategy: str, vocab: int, settings: dict) -> tuple[list[list[TrainRow]], dict]:
-    """Rows per prompt, the same on every rank (a generator of its own): G own rows each, and for
-    ``imitate`` a supervised row on every second prompt (a peer success) and every third (its own)."""
+    """Rows per prompt, the same on every rank (a generator of its own): G own rows each of random
+    lengths, and for ``imitate`` a supervised row on every second prompt."""
     gen = torch.Generator().manual_seed(1234)
     kinds = parse_strategy(strategy).kinds(settings)
     extra = next((k for k in kinds if k != OWN), None)
@@ -37,12 +38,9 @@ def fixed_batch(strategy: str, vocab: int, settings: dict) -> tuple[list[list[Tr
             ids = torch.randint(3, vocab, (n,), generator=gen).tolist()
             adv = float(torch.randn((), generator=gen))
             rows.append(TrainRow(prompt, ids, adv, [-2.0] * n, OWN))
-        if extra is not None and p % 2 == 0:
-            rows.append(TrainRow(prompt, torch.randint(3, vocab, (4,), generator=gen).tolist(), 0.0, None, extra,
-                                 None, 1.0))
-        if extra is not None and p % 3 == 0:
-            rows.append(TrainRow(prompt, torch.randint(3, vocab, (3,), generator=gen).tolist(), 0.0, None, extra,
-                                 None, 1.0))
+        if extra is not None and p % 2 == 0:  # rank 0's prompts only: rank 1 has no row of imitate's phase
+            rows.append(TrainRow(prompt, torch.randint(3, vocab, (4 + p % 3,), generator=gen).tolist(), 0.0, None,
+                                 extra, None, 1.0))
         per_prompt.append(rows)
     return per_prompt, kinds
 
@@ -66,7 +64,8 @@ def main() -> None:
         batch = TrainBatch([r for rows in mine for r in rows], n_prompts=len(mine), kinds=kinds)
         stats = train_on_batch(pol, batch, ranks=ranks)
     flat = torch.cat([p.detach().reshape(-1) for p in pol.model.parameters() if p.requires_grad])
-    torch.save({"params": flat, "optimizer_steps": stats["optimizer_steps"]}, out)
+    keep = {k: v for k, v in stats.items() if k.endswith(("loss", "grad_norm", "optimizer_steps"))}
+    torch.save({"params": flat, "stats": keep}, out)
     ranks.close()
 
 

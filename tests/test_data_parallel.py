@@ -34,15 +34,24 @@ def _ranks(model: Path, strategy: str, world: int, out: Path, loss: str) -> list
 @pytest.mark.parametrize(("strategy", "loss"), [("independent", "dr_grpo"), ("independent", "grpo"),
                                                 ("imitate", "dapo")])
 def test_two_gloo_ranks_take_the_single_worker_update(tiny_models, tmp_path, strategy, loss):
-    """Each rank trains on half the prompts (its own rows and the strategy's added rows) with the
-    counts summed and the gradients all-reduced; after two updates of two PPO iterations each (and
-    imitate's own supervised phase) both ranks hold the weights one worker gets on the whole batch."""
+    """Each rank trains on its share of the prompts (3 and 2: uneven, and imitate's rows all on rank 0,
+    so rank 1 joins that phase with a zero gradient) with the counts summed and the gradients
+    all-reduced. After two updates of two PPO iterations each (and imitate's own supervised phase):
+    the ranks' losses add up to the single worker's (each is its rows' share: local denominators
+    would break this), the gradient norm after the all-reduce is the single worker's (averaging
+    instead of summing would halve it), and both ranks hold the single worker's weights."""
     one = _ranks(tiny_models["tiny-gpt2"], strategy, 1, tmp_path, loss)[0]
     two = _ranks(tiny_models["tiny-gpt2"], strategy, 2, tmp_path, loss)
     start = _ranks(tiny_models["tiny-gpt2"], strategy, 1, tmp_path, loss)[0]  # determinism of the reference
     assert torch.equal(start["params"], one["params"])
+    losses = [k for k in one["stats"] if k.endswith("loss")]
+    assert ("imitate_loss" in losses) == (strategy == "imitate")
+    for k in losses:
+        assert sum(r["stats"][k] for r in two) == pytest.approx(one["stats"][k], rel=1e-5, abs=1e-7), k
+    for k in (k for k in one["stats"] if k.endswith(("grad_norm", "optimizer_steps"))):
+        for r in two:
+            assert r["stats"][k] == pytest.approx(one["stats"][k], rel=1e-5), k
     for r in two:
-        assert r["optimizer_steps"] == one["optimizer_steps"]
         assert float((r["params"] - one["params"]).abs().max()) <= 1e-5
     assert torch.equal(two[0]["params"], two[1]["params"])  # the ranks never drift apart
 
@@ -180,6 +189,22 @@ def test_the_8gpu_example_plans_6_plus_2(capsys):
     assert all(p["predicted_allreduce_s"] > 0 for p in plan["placements"])
 
 
+def test_a_plan_whose_ranks_cannot_hold_the_model_is_refused(tmp_path, capsys):
+    """Every rank holds the whole model: the 7B policy trained in full (no LoRA) needs ~105 GiB a rank,
+    more than an 80 GB GPU; the plan is refused naming the policy and the way out."""
+    import yaml
+
+    from mutualrl.cli import main
+
+    cfg = yaml.safe_load((HERE.parent / "examples" / "gsm8k_8gpu.yaml").read_text())
+    cfg["policies"][0].pop("peft")
+    path = tmp_path / "full.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["plan", str(path), "--resources", "cpus=64,gpus=8x80"]) == 2
+    err = capsys.readouterr().err
+    assert "policies[0]" in err and "LoRA" in err and "GiB" in err
+
+
 def test_auto_ranks_come_from_the_placement(tiny_config):
     """The placement step gives a workers: auto policy the ranks its allocation planned (each its own
     GPU from the policy's first); the ranks meet at the scheduler's rendezvous under the policy's name."""
@@ -201,3 +226,23 @@ def test_auto_ranks_come_from_the_placement(tiny_config):
 
     again = RunPlan.from_dict(json.loads(json.dumps(placed.to_dict())))
     assert again.workers == placed.workers
+
+
+@pytest.mark.parametrize("action", ["kill", "hang"])
+def test_a_rank_lost_inside_its_update_is_the_one_named(tiny_config, tmp_path, monkeypatch, action):
+    """Rank 1 of ``a`` dies (or stops answering) inside its update of step 1, while rank 0 waits for
+    it in a collective: the run stops naming rank 1, not the rank left waiting."""
+    from mutualrl.allocation import WorkerFailed
+    from mutualrl.trainer import MutualTrainer
+
+    monkeypatch.setenv("MUTUALRL_FAULT_POINT", "update:2")
+    monkeypatch.setenv("MUTUALRL_FAULT_WORKER", "a rank 1")
+    if action == "hang":
+        monkeypatch.setenv("MUTUALRL_FAULT_ACTION", "hang")
+    cfg = dict(tiny_config, scheduler="local", steps=3, checkpoint_every=100, eval_every=100, eval_size=8, threads=1,
+               step_timeout_s=30.0 if action == "hang" else 120.0)
+    cfg["policies"] = [dict(cfg["policies"][0], workers=2), cfg["policies"][1]]
+    with pytest.raises(WorkerFailed) as exc:
+        MutualTrainer(cfg, tmp_path / "run", progress=False).train()
+    assert exc.value.worker == "a rank 1", str(exc.value)
+    assert ("killed by signal 9" if action == "kill" else "step_timeout_s") in str(exc.value)

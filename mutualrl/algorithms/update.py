@@ -80,14 +80,18 @@ def _idle_phase_steps(policy: Policy, phase: str, iterations: int, ranks: RankGr
     optimizer = policy.optimizer_for(phase)
     prefix = "" if phase == POLICY_PHASE else f"{phase}_"
     stats: dict[str, float] = {}
+    steps = 0
     for _ in range(iterations):
         optimizer.zero_grad(set_to_none=True)
+        if not ranks.any([False])[0]:  # the ranks with rows found nothing to train: all stop
+            break
         ranks.sum_gradients(policy.model.parameters())
         stats[prefix + "grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(),
                                                                            policy.options.max_grad_norm))
         optimizer.step()
+        steps += 1
         stats[prefix + "loss"] = 0.0
-    stats[prefix + "optimizer_steps"] = iterations
+    stats[prefix + "optimizer_steps"] = steps
     return stats
 
 
@@ -141,8 +145,9 @@ def _phase_steps(policy: Policy, phase: str, parts_rows: Sequence[tuple[BoundKin
             if term.reduction == "policy_gradient":
                 pg_total = pg_total + share.detach()
             stats.update({_stat_key(p.kind.name, k): v for k, v in t_stats.items()})
-        if not total.requires_grad and not (ranks and ranks.active):
-            break
+        together = ranks is not None and ranks.active
+        if not (ranks.any([total.requires_grad])[0] if together else total.requires_grad):  # type: ignore[union-attr]
+            break  # nothing to train here (on any rank): as one worker would, every rank stops
         if total.requires_grad:
             total.backward()
         if ranks is not None:
@@ -179,7 +184,8 @@ def train_on_batch(policy: Policy, batch: TrainBatch, *, is_cap: float | None = 
         names = sorted(phases)
         present = ranks.any([any(rs for _, rs in phases[ph]) for ph in names])
         phases = {ph: [(k, rs) for k, rs in phases[ph] if rs] for ph, keep in zip(names, present, strict=True) if keep}
-        counts = BatchCounts(*(round(v) for v in ranks.sum([counts.sequences, counts.tokens, counts.prompts])))
+        prompts = counts.prompts if batch.rows or batch.n_prompts else 0  # an empty rank adds no prompt
+        counts = BatchCounts(*(round(v) for v in ranks.sum([counts.sequences, counts.tokens, prompts])))
     if not phases:
         return {"loss": 0.0, "optimizer_steps": 0}
     policy.model.train()

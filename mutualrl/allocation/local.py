@@ -33,7 +33,7 @@ from mutualrl.allocation.base import Scheduler, WorkerFailed
 from mutualrl.allocation.placement import exchange_url, place
 from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
-from mutualrl.distributed import serve_store
+from mutualrl.distributed import progress, serve_store
 from mutualrl.resolve import RunPlan
 from mutualrl.worker_api import WorkerAPI
 
@@ -101,6 +101,7 @@ class LocalScheduler(Scheduler):
         self.layout = RankLayout([])
         self._pending: PendingReplies | None = None
         self._store: object | None = None
+        self._policy_names: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
@@ -121,6 +122,7 @@ class LocalScheduler(Scheduler):
             plan = place(plan, self.plan.allocation, "local", exchange_url("local", cfg, self.run_dir, self._scratch),
                          rendezvous=rendezvous)
         self.layout = RankLayout.of(plan)
+        self._policy_names = [p.name for p in cfg.policies]
         self._pending = PendingReplies(self.layout)
         logs = (self.run_dir / "logs") if self.run_dir is not None else self._scratch
         logs.mkdir(parents=True, exist_ok=True)
@@ -260,9 +262,10 @@ class LocalScheduler(Scheduler):
             while True:
                 now = time.monotonic()
                 if now >= deadline:
-                    late = min(procs, key=lambda q: q.inflight[2] if q.inflight else float("inf"))
+                    first = min(procs, key=lambda q: q.inflight[2] if q.inflight else float("inf"))
+                    late = self._culprit(first, wait_s=0.0)  # of a policy's ranks: the one the others wait for
+                    what = (late.inflight or first.inflight or (0, "call"))[1]
                     self._kill(late)
-                    what = late.inflight[1] if late.inflight else "call"
                     raise WorkerFailed(late.name, f"no reply to {what}() within {self.timeout:g}s (step_timeout_s); "
                                        f"process {late.popen.pid} was stopped. Log {late.log_path}:\n"
                                        f"{log_tail(late.log_path)}")
@@ -313,8 +316,37 @@ class LocalScheduler(Scheduler):
         self.last_cpu_s[p.index] = msg.get("cpu_s")
         self.last_wall_s[p.index] = msg.get("wall_s")
         if not msg.get("ok"):
-            raise WorkerFailed(p.name, f"{method}() raised {msg.get('error')}\n{msg.get('traceback', '')}".rstrip())
+            detail = f"{method}() raised {msg.get('error')}\n{msg.get('traceback', '')}".rstrip()
+            culprit = self._culprit(p)
+            if culprit is not p:  # a rank failed because another rank of its policy is gone or behind
+                why = self._death(culprit, method) if culprit.popen.poll() is not None else (
+                    f"process {culprit.popen.pid} fell behind its policy's other ranks in {method}()")
+                raise WorkerFailed(culprit.name, f"{why}\n(then {p.name}: {msg.get('error')})")
+            raise WorkerFailed(p.name, detail)
         return msg.get("result")
+
+    def _culprit(self, p: _Proc, wait_s: float = 5.0) -> _Proc:
+        """Of ``p``'s policy's ranks, the one to blame when ``p`` failed or hung: a rank whose process
+        died (given ``wait_s`` to show it), else the rank behind the others in the collectives they
+        reach (:func:`~mutualrl.distributed.progress`), else ``p`` itself."""
+        i = self.layout.policy_of(p.index)
+        ranks = [self.procs[w] for w in self.layout.members[i]]
+        if len(ranks) == 1:
+            return p
+        end = time.monotonic() + wait_s
+        while True:
+            dead = [q for q in ranks if q.popen.poll() is not None]
+            if dead:
+                return p if p in dead else dead[0]
+            if time.monotonic() >= end:
+                break
+            time.sleep(0.1)
+        if self._store is not None:
+            marks = progress(self._store, self._policy_names[i], len(ranks))  # type: ignore[arg-type]
+            behind = min(range(len(ranks)), key=marks.__getitem__)
+            if marks[behind] < max(marks):
+                return ranks[behind]
+        return p
 
     def _death(self, p: _Proc, method: str) -> str:
         try:
@@ -339,10 +371,10 @@ class LocalScheduler(Scheduler):
         new = self.plan.maybe_replan(step)
         if new is None:
             return
-        for i, ranks in enumerate(self.layout.members):
+        for i in range(self.layout.policies):
             a, b = old.placements[i], new.placements[i]
             if a.threads != b.threads:
-                self.call_one(i, WorkerAPI.set_threads, max(1, b.threads // len(ranks)))
+                self.call_one(i, WorkerAPI.set_threads, b.threads)
             if a.nice != b.nice:
                 self._call_one(i, "__nice__", b.nice)
         self.plan.write(self.run_dir)

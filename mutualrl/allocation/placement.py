@@ -77,7 +77,7 @@ def place(plan: RunPlan, allocation: Allocation, backend: str, exchange: str, *,
     """``plan`` with every worker placed as ``allocation`` says, for ``backend`` (see the module doc).
 
     ``threads`` fixes every worker's torch threads (the scheduler's or the run's ``threads``). The
-    ranks of a policy on several workers split its planned threads and core share, take consecutive
+    ranks of a policy on several workers take the planned threads each, split its core share, take consecutive
     GPUs from its planned one, and meet at ``rendezvous`` (``tcp://HOST:PORT``, the scheduler's
     store) under the policy's name."""
     if backend not in BACKENDS:
@@ -101,7 +101,7 @@ def place(plan: RunPlan, allocation: Allocation, backend: str, exchange: str, *,
         share = pl.gpu_fraction if gpu is not None and 0 < pl.gpu_fraction < 1 else None
         if spec.world > 1 and rendezvous is None:
             raise ValueError(f"policy {spec.name!r} has {spec.world} ranks: the {backend} backend needs a rendezvous")
-        planned = max(1, pl.threads // spec.world) if backend != "sequential" else None
+        planned = max(1, pl.threads) if backend != "sequential" else None  # per rank already
         workers.append(dataclasses.replace(
             spec, device=device, visible_gpu=visible, gpu_fraction=share,
             threads=threads or cfg.threads or planned,

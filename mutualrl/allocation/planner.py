@@ -36,6 +36,7 @@ from mutualrl.allocation.data_parallel import (
 )
 from mutualrl.allocation.shares import balanced_shares, realised_shares, shares_to_threads
 from mutualrl.config import RunConfig
+from mutualrl.errors import ConfigError
 
 
 @dataclass
@@ -137,7 +138,7 @@ class Placement:
     cpu_share: float
     """Cores this worker is planned to use (fractional when cores are time-shared)."""
     threads: int
-    """torch intra-op threads."""
+    """torch intra-op threads of each of its workers (each rank's, for a policy on several)."""
     nice: int = 0
     """CPU priority offset (0 = normal); realises fractional shares on shared cores."""
     node: str | None = None
@@ -231,7 +232,7 @@ def _cpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], cores: flo
         r, u = costs.seconds(i, s / w)  # each rank: 1/w of the work on 1/w of the share
         r, u = r / w, u / w
         ar = allreduce_seconds(costs.effective_params(i), w, CPU_ALLREDUCE_GB_S)
-        out.append(Placement(i, cfg.policies[i].name, costs.effective_params(i), s, t, n, node,
+        out.append(Placement(i, cfg.policies[i].name, costs.effective_params(i), s, max(1, t // w), n, node,
                              predicted_rollout_s=r, predicted_update_s=u + ar, ranks=w, predicted_allreduce_s=ar))
     return out
 
@@ -258,11 +259,21 @@ def _ranked_gpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], gpu
     comm = lambda j, n: allreduce_seconds(trainable[j], n, GPU_ALLREDUCE_GB_S)
     counts = split_devices(step, len(gpus), fixed, comm, most=cfg.prompts_per_step)
     if sum(counts) > len(gpus):
-        raise ValueError(f"the policies ask for {sum(counts)} GPUs (workers: {counts}); {len(gpus)} are there")
+        raise ConfigError(f"policies[{idx[0]}].workers", f"the policies ask for {sum(counts)} GPUs (ranks "
+                          f"{counts}) and {len(gpus)} are there: lower workers, or use auto")
     out, first = [], 0
     order = sorted(gpus, key=lambda g: g.index)
     for j, i in enumerate(idx):
         n = counts[j]
+        pol = cfg.policies[i]
+        full = model_memory_gb(costs.effective_params(i), cfg.policy_grpo(i).beta)
+        need = full if pol.peft is None else costs.effective_params(i) * 4 / 2**30
+        have = min(g.memory_gb for g in order[first:first + n])
+        if have and need > have:
+            raise ConfigError(f"policies[{i}]", f"{pol.name} needs about {need:.0f} GiB on each of its ranks "
+                              f"(every rank holds the whole model: fp32 weights{', gradients and AdamW moments' if pol.peft is None else ''}); "
+                              f"its GPUs have {have:.0f} GiB. Train a LoRA adapter (peft), or a smaller model: "
+                              "sharding the model over its ranks (FSDP) is not available yet")
         r, u = costs.core_seconds(i)
         ar = comm(j, n)
         out.append(Placement(i, cfg.policies[i].name, costs.effective_params(i), cores / len(idx),
@@ -276,7 +287,7 @@ def _ranked_gpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], gpu
 def _gpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], gpus: list[GPUDevice], cores: float,
                     node: str | None = None) -> list[Placement]:
     k = len(idx)
-    if any(cfg.policies[i].workers != 1 for i in idx) and len(gpus) >= k:
+    if any(cfg.policies[i].workers != 1 for i in idx):  # whole GPUs per rank (refused when too few)
         return _ranked_gpu_placements(cfg, costs, idx, gpus, cores, node)
     order = sorted(idx, key=lambda i: -sum(costs.core_seconds(i)))
     devs = sorted(gpus, key=lambda g: -g.memory_gb)

@@ -30,7 +30,8 @@ def merge_metrics(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
       ``*_min``: the smallest;
     - losses (``*loss``: each rank's is its rows' share of the step's loss) and counts (integers:
       tokens, rows, records, counters): summed;
-    - every other float (rates, means, accuracies over equal shares of the prompts): the mean.
+    - every other float (rates, means, accuracies): the unweighted mean of the ranks' (exact when
+      the ranks hold equal shares of the prompts, an approximation otherwise).
     """
     if len(parts) == 1:
         return dict(parts[0])
