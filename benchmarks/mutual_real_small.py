@@ -1,30 +1,26 @@
 """Real models trained together: SmolLM2-135M-Instruct (Llama, 49k BPE) x Gemma-3-270M (Gemma, 262k
-SentencePiece), from PyPI wheels, offline.
+SentencePiece), from PyPI wheels, offline, under the protocol of ``benchmarks/study.py``.
 
-    python benchmarks/mutual_real_small.py [--steps 100] [--arms independent,sgt,imitate] [--seeds 0,1,2]
-        [--zero-shot-only] [--zero-shot-from RESULT.json] [--reuse] [--name mutual_real_small]
+    python benchmarks/mutual_real_small.py [--steps 100] [--final-seeds 0,1,2] [--jobs 1] [--reuse]
+        [--zero-shot-from RESULT.json] [--name mutual_real_small]
 
-1. **Zero-shot study**: greedy exact accuracy of both models on candidate reasoning-gym task types
-   (``--zero-shot-size`` problems each) under each model's prompt formats and two answer
-   extractions (``--zero-shot-from`` takes the table of an earlier result instead of measuring
-   it). Each model keeps its best format; the extraction (shared by the task's verifier) is the
-   one best for both together.
-2. **The task mix, by measurement**: the two candidate types on which the models are most
-   complementary (model A better on one, B on the other, both partly able), equal weights.
-3. **The arms**: each on the same seeds (``--seeds``; run directories ``OUT/ARM-seedN``), steps
-   and prompts, from the real-small preset (``examples/real_small.yaml``) with that mix; held-out
-   greedy exact accuracy on ``--eval-size`` problems at ``--evals`` points; the paper-style curves and the THL residual of the
-   pair (``mutualrl thl report``'s measures on the run's completions) in the report. SGT and
-   imitate arms use the zoo study's ``sgt_lambda`` (1.0), their rows joined to the GRPO step. ``--reuse`` keeps an arm whose
-   run directory holds a finished run of the same config (``bench_arm.json``: its config and wall
-   time) instead of training it again.
+1. **Zero-shot study on validation problems**: greedy exact accuracy of both models on candidate
+   reasoning-gym task types (``--zero-shot-size`` validation problems each, held out of the study's
+   test split) under each model's prompt formats and two answer extractions. Each model keeps its
+   best format; the extraction is the one best for both; the pair of types is the most
+   complementary (or, with none, the one both partly solve best); types a constant answer solves
+   10 % of the time are left out.
+2. **Tuning on validation** (the tuning seeds): independent GRPO at two learning rates; then
+   ``self_imitate`` and the sharing candidates (``imitate``, with and without replay) at the chosen
+   GRPO settings; the compute-matched control (``self_imitate`` adding own earlier successes until a
+   step trains as many tokens as the chosen sharing arm did).
+3. **The final seeds**: every chosen arm; the test split (200 problems per type) read once, at the
+   end of each run. 100 steps of 4 prompts x 4 samples; rows of the supervised steps join the GRPO
+   step (weight 1).
 
-Writes ``benchmarks/results/NAME.json`` (``--name``, default ``mutual_real_small``): ``policies``,
-``tasks``, ``steps``, ``prompts_per_step``, ``num_generations``, ``eval_size``, ``zero_shot``,
-``arms`` -> arm -> ``per_policy_initial``/``_final``/``_best``, ``avg_test_acc_final``, ``wall_s``
-(mean per seed); ``thl_residual``; the common keys; and the report under
-``benchmarks/results/NAME_report/``. One seed of three arms takes about 1 h 20 min on 2 cores:
-run it alone.
+Writes ``benchmarks/results/NAME.json`` (the peers' share with its interval, per arm accuracy and
+compute, the zero-shot table and choice, the pair's THL residual), ``NAME_runs/`` and
+``NAME_report/``. A run takes about 10 minutes on 2 cores: run it alone.
 """
 
 from __future__ import annotations
@@ -34,7 +30,6 @@ import itertools
 import json
 import math
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -42,19 +37,20 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, git_rev, machine, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO = {"min_terms": 2, "max_terms": 2, "allow_parentheses": False, "allow_negation": False}
 CANDIDATES: dict[str, dict[str, Any]] = {
     "add": {"name": "basic_arithmetic", "config": {**TWO, "min_digits": 2, "max_digits": 2, "operators": ["+"]}},
     "sub": {"name": "basic_arithmetic", "config": {**TWO, "min_digits": 2, "max_digits": 2, "operators": ["-"]}},
-    "mul": {"name": "basic_arithmetic", "config": {**TWO, "min_digits": 1, "max_digits": 1, "operators": ["*"]}},
+    "mul": {"name": "basic_arithmetic", "config": {**TWO, "min_digits": 1, "max_digits": 2, "operators": ["*"]}},
     "gcd": {"name": "gcd", "config": {"min_numbers": 2, "max_numbers": 2, "min_value": 2, "max_value": 40}},
     "legs": {"name": "leg_counting", "config": {"min_animals": 1, "max_animals": 2, "min_instances": 1,
                                                 "max_instances": 3}},
 }
-"""Task types both small models might partly solve."""
+"""Task types both small models might partly solve, each with room for the protocol's disjoint
+splits (200 test, 200 validation and the training problems per type: one-digit products alone
+are 100 problems, too few)."""
 
 FORMATS: dict[str, list[dict[str, Any]]] = {
     "smollm2": [{"prompt_template": "chat", "system_prompt": "Answer with only the final number."},
@@ -79,7 +75,10 @@ def zero_shot(n: int, max_new: int) -> dict[str, Any]:
     from mutualrl.tasks import GymSource, Task
 
     sources = [GymSource(c["name"], k, c["config"]) for k, c in CANDIDATES.items()]
-    task = Task(sources, [1.0] * len(sources), test_size=n * len(sources), train_size=len(sources) * 600, seed=0)
+    # the choice reads validation problems: held out of the study's test split (the same test problems
+    # per type as the study's task, removed here before the validation ones are taken)
+    task = Task(sources, [1.0] * len(sources), test_size=TEST_PER_TYPE * len(sources), train_size=len(sources) * 1200,
+                val_size=n * len(sources), seed=0)
     out: dict[str, Any] = {}
     for model, formats in FORMATS.items():
         path = resolve_model_path(f"real:{model}")
@@ -89,7 +88,7 @@ def zero_shot(n: int, max_new: int) -> dict[str, Any]:
             row: dict[str, Any] = {**fmt, "accuracy": {}}
             t = time.perf_counter()
             for src in task.source_names:
-                probs = task.test[src][:n]
+                probs = task.val[src][:n]
                 with torch.no_grad():
                     texts = [s.text for s in pol.generate([p.question for p in probs], greedy=True, batch_size=50)]
                 for ex in EXTRACTIONS:
@@ -170,44 +169,6 @@ def choose(zs: dict[str, Any], shortcut: dict[str, float] | None = None, n: int 
             "rule": rule, "excluded_shortcut": excluded, "constant_answer_share": shortcut}
 
 
-def run_config(choice: dict[str, Any], arm: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    """The run config of one arm and seed: the real-small preset on the chosen mix and formats."""
-    import yaml
-
-    base = yaml.safe_load((ROOT / "examples" / "real_small.yaml").read_text())
-    for pol in base["policies"]:
-        pol.pop("system_prompt", None)
-        pol.update(choice["formats"][pol["name"]])
-    base["task"] = {"datasets": [{**CANDIDATES[t], "alias": t} for t in choice["tasks"]],
-                    "answer_extraction": choice["extraction"], "test_size": args.eval_size, "train_size": 4000,
-                    "reward": "exact", "seed": 0}
-    base["grpo"] = {**base["grpo"], "num_generations": args.generations}
-    # the arm alone decides the sharing section (not the preset's default strategy), so editing the
-    # preset's sharing keeps finished arms reusable; non-SGT arms take the config default λ (unused)
-    base["sharing"] = {"strategy": arm}
-    base["sharing"].update({step: {"weight": SGT_LAMBDA} for step in ("sgt", "imitate", "self_imitate")})
-    base.update(steps=args.steps, prompts_per_step=args.prompts, eval_size=args.eval_size,
-                eval_every=max(1, args.steps // (args.evals - 1)), checkpoint_every=10**6, seed=seed)
-    return base
-
-
-def _finished(run_dir: Path, cfg: dict[str, Any]) -> tuple[float, Any] | None:
-    """(wall time, load average) of a finished run of ``cfg`` in ``run_dir`` (its ``bench_arm.json``),
-    else None. Configs are compared as resolved (defaults filled in), so a field spelled out at its
-    default value is the same run as one left out."""
-    from mutualrl.errors import UserError
-    from mutualrl.resolve import load_config
-
-    try:
-        rec = json.loads((run_dir / "bench_arm.json").read_text())
-        same = load_config(rec["config"], check_paths=False).to_dict() == load_config(cfg, check_paths=False).to_dict()
-    except (OSError, ValueError, KeyError, TypeError, UserError):
-        return None
-    if not same:
-        return None
-    return float(rec["wall_s"]), rec.get("load_avg")
-
-
 def thl_residual(run_dirs: list[Path]) -> dict[str, Any]:
     """THL's residual of the pair (SmolLM2 -> Gemma-3 and back) on the completions the runs sampled."""
     from transformers import AutoTokenizer
@@ -231,118 +192,101 @@ def thl_residual(run_dirs: list[Path]) -> dict[str, Any]:
             "gemma3_to_smollm2": pair_report(align_batch(texts, toks["gemma3"], toks["smollm2"])).as_dict()}
 
 
-def real_targets(summ: dict[str, Any], best: str = "imitate") -> dict[str, Any]:
-    """The sharing issue's figure for real models, measured: the best arm >= independent + 5 points on
-    the average of the two policies, positive on every seed."""
-    ind, arm = summ.get("independent"), summ.get(best)
-    if not ind or not arm:
-        return {}
-    gap = 100 * (arm["avg_test_acc_final"]["mean"] - ind["avg_test_acc_final"]["mean"])
-    per_seed = [100 * (a - i) for a, i in zip(arm["avg_test_acc_final"]["values"], ind["avg_test_acc_final"]["values"],
-                                              strict=True)]
-    return {"best_arm": best, "best_minus_independent_pts": {"value": gap, "target": 5.0, "met": gap >= 5.0},
-            "positive_every_seed": {"values": per_seed, "met": all(v > 0 for v in per_seed)}}
+TEST_PER_TYPE = 200
+
+
+def per_type(args: argparse.Namespace) -> int:
+    """Validation and test problems per task type (fewer with ``--quick``)."""
+    return 20 if args.quick else TEST_PER_TYPE
+
+
+def base_config(choice: dict[str, Any], args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """A run of the study: the real-small preset on the chosen mix and formats, validation and test
+    held out (200 problems each per type), its seed its prompt stream's."""
+    import yaml
+
+    base = yaml.safe_load((ROOT / "examples" / "real_small.yaml").read_text())
+    for pol in base["policies"]:
+        pol.pop("system_prompt", None)
+        pol.update(choice["formats"][pol["name"]])
+    types = choice["tasks"]
+    base["task"] = {"datasets": [{**CANDIDATES[t], "alias": t} for t in types],
+                    "answer_extraction": choice["extraction"], "test_size": per_type(args) * len(types),
+                    "val_size": per_type(args) * len(types), "train_size": 4000, "reward": "exact", "seed": 0}
+    base["grpo"] = {**base["grpo"], "num_generations": args.generations}
+    base["sharing"] = {"strategy": "independent"}
+    base.update(steps=args.steps, prompts_per_step=args.prompts, eval_size=per_type(args) * len(types),
+                eval_every=max(1, args.steps // (args.evals - 1)), checkpoint_every=20, seed=seed,
+                scheduler="sequential", threads=max(1, (os.cpu_count() or 1) // args.jobs))
+    return base
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--arms", default="independent,sgt,imitate")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--generations", type=int, default=4)
-    ap.add_argument("--eval-size", type=int, default=400)
-    ap.add_argument("--evals", type=int, default=6, help="evaluation points (start and end included)")
+    ap.add_argument("--evals", type=int, default=3, help="validation points (start and end included)")
     ap.add_argument("--zero-shot-size", type=int, default=100)
-    ap.add_argument("--zero-shot-only", action="store_true")
     ap.add_argument("--zero-shot-from", type=Path, default=None,
-                    help="take the zero-shot table from this result JSON instead of measuring it")
-    ap.add_argument("--reuse", action="store_true",
-                    help="keep arms whose run directory holds a finished run of the same config")
-    ap.add_argument("--out", default="runs/bench_real_small")
-    ap.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (every arm runs each)")
-    ap.add_argument("--name", default="mutual_real_small", help="result name (JSON and report directory)")
+                    help="take the zero-shot table (on validation problems) from this result JSON")
+    ap.add_argument("--reuse", action="store_true")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--out", default="runs/study_real_small")
+    ap.add_argument("--tune-seeds", default="0")
+    ap.add_argument("--final-seeds", default="0,1,2")
+    ap.add_argument("--name", default="mutual_real_small")
+    ap.add_argument("--quick", action="store_true", help="4 steps, 20 problems per type, one seed (a smoke test)")
     args = ap.parse_args()
-    try:
-        seeds = [int(x) for x in args.seeds.split(",")]
-    except ValueError:
-        ap.error(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 0,1,2")
-    zs_given: dict[str, Any] | None = None
-    if args.zero_shot_from is not None:
-        try:
-            zs_given = json.loads(args.zero_shot_from.read_text())["zero_shot"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            ap.error(f"--zero-shot-from {args.zero_shot_from}: no zero-shot table there ({exc!r}); give a "
-                     "result JSON this benchmark wrote")
+    if args.quick:
+        args.steps, args.evals, args.zero_shot_size, args.final_seeds = 4, 2, 20, args.tune_seeds
+        args.name = args.name + "_quick"
 
-    import torch
+    from study import Arm, Study
 
     from mutualrl.realmodels import prepare_preset
-    from mutualrl.report import load_run, summarize, write_report
-    from mutualrl.resolve import load_config
-    from mutualrl.trainer import MutualTrainer
 
-    torch.set_num_threads(os.cpu_count() or 1)
-    t0 = time.perf_counter()
-    load0 = os.getloadavg()[0]
     prepare_preset("real-small", progress=False)
-    zs = zs_given if zs_given is not None else zero_shot(args.zero_shot_size, 12)
+    zs = None
+    if args.zero_shot_from is not None:
+        zs = json.loads(args.zero_shot_from.read_text())["zero_shot"]
+    if zs is None:
+        t = time.perf_counter()
+        zs = zero_shot(args.zero_shot_size, 12)
+        print(f"zero-shot study {time.perf_counter() - t:.0f}s", flush=True)
     choice = choose(zs, constant_answer_share(), args.zero_shot_size)
-    print(f"task mix: {choice['tasks']} (zero-shot {choice['accuracy']}), extraction {choice['extraction']}, "
-          f"formats {choice['formats']}", flush=True)
-    result: dict[str, Any] = {"zero_shot": zs, "choice": choice, "candidates": CANDIDATES,
-                              "zero_shot_from": str(args.zero_shot_from) if args.zero_shot_from else None}
-    arms = [a.strip() for a in args.arms.split(",")] if not args.zero_shot_only else []
-    dirs: list[Path] = []
-    wall: dict[str, list[float]] = {a: [] for a in arms}
-    loads: dict[str, list[Any]] = {a: [] for a in arms}
-    reused: list[str] = []
-    for seed, arm in itertools.product(seeds, arms):  # arms alternate within a seed
-        out = Path(args.out) / f"{arm}-seed{seed}"
-        cfg = run_config(choice, arm, args, seed)
-        done = _finished(out, cfg) if args.reuse else None
-        if done is not None:
-            wall[arm].append(done[0])
-            loads[arm].append(done[1])
-            reused.append(f"{arm}-seed{seed}")
-            print(f"reusing {arm} seed {seed} ({out}, {done[0]:.0f}s)", flush=True)
-        else:
-            if out.exists():
-                shutil.rmtree(out)
-            t, load = time.perf_counter(), os.getloadavg()[0]
-            MutualTrainer(load_config(cfg), out, progress=False).train()
-            wall[arm].append(time.perf_counter() - t)
-            loads[arm].append({"start": load, "end": os.getloadavg()[0]})
-            (out / "bench_arm.json").write_text(json.dumps({"config": cfg, "wall_s": wall[arm][-1],
-                                                            "load_avg": loads[arm][-1]}, indent=1))
-            print(f"done {arm} seed {seed} in {wall[arm][-1]:.0f}s", flush=True)
-        dirs.append(out)
-    result["reused_arms"] = reused
-    if dirs:
-        summ = summarize([load_run(x) for x in dirs])
-        for arm, s in summ.items():
-            s["wall_s"], s["wall_s_per_seed"], s["load_avg"] = statistics.fmean(wall[arm]), wall[arm], loads[arm]
-            print(f"{arm:<14} average {s['avg_test_acc_initial']['mean']:.3f} -> {s['avg_test_acc_final']['mean']:.3f}"
-                  f"  per policy " + ", ".join(f"{p} {s['per_policy_initial'][p]['mean']:.3f} -> "
-                                              f"{s['per_policy_final'][p]['mean']:.3f}" for p in s["per_policy_final"])
-                  + f"  ({s['wall_s']:.0f}s per seed)", flush=True)
-        write_report(dirs, RESULTS / f"{args.name}_report", title="mutualrl real-small: SmolLM2-135M x Gemma-3-270M",
-                     notes=[(f"Task mix chosen by the zero-shot study: {', '.join(choice['tasks'])}; "
-                            f"{args.prompts} prompts x {args.generations} samples per step, seeds {args.seeds}, "
-                            f"{args.steps} steps per arm."),
-                            *([f"Arms {', '.join(reused)} are earlier runs of the same config, kept (--reuse)."]
-                              if reused else [])])
-        result.update(arms=summ, thl_residual=thl_residual(dirs))
-    mach = machine()
-    mach["load_avg"] = {"start": load0, "end": os.getloadavg()[0]}
-    # the study alone (--zero-shot-only) does not stand for a training run: its own file
-    write_result("mutual_real_small_zero_shot" if args.zero_shot_only else args.name, {
-        "policies": ["smollm2 (SmolLM2-135M-Instruct)", "gemma3 (Gemma-3-270M)"], "tasks": choice["tasks"],
-        "steps": args.steps if arms else 0, "prompts_per_step": args.prompts, "num_generations": args.generations,
-        "eval_size": args.eval_size, "seeds": seeds, **result,
-        "config": run_config(choice, arms[0] if arms else "independent", args, seeds[0]),
-        "targets": real_targets(result.get("arms", {})),
-        "machine": mach, "quick": False, "wall_s": time.perf_counter() - t0, "git_rev": git_rev(),
-    })
+    print(f"task mix: {choice['tasks']} (zero-shot on validation {choice['accuracy']}), extraction "
+          f"{choice['extraction']}, formats {choice['formats']}", flush=True)
+    study = Study(args.name, lambda seed: base_config(choice, args, seed), Path(args.out), jobs=args.jobs,
+                  reuse=args.reuse)
+    tune, final = [int(x) for x in args.tune_seeds.split(",")], [int(x) for x in args.final_seeds.split(",")]
+    ind = study.tune("independent", [Arm(f"independent_lr{n}", "independent", "baseline",
+                                         {"grpo": {"learning_rate": lr}})
+                                     for n, lr in (("1e-5", 1e-5), ("3e-5", 3e-5))], tune)
+    grpo = ind.overrides["grpo"]
+    ctrl = Arm("self_imitate", "self_imitate", "baseline",
+               {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": {"weight": SGT_LAMBDA}}})
+    sharing = [Arm(name, "sharing", "sharing", {"grpo": grpo, "sharing": {"strategy": "imitate",
+                                                                          "imitate": {"weight": SGT_LAMBDA, **extra}}})
+               for name, extra in (("imitate", {}), ("imitate_replay4", {"replay_steps": 4}))]
+    study.run((a, s_) for a in (ctrl, *sharing) for s_ in tune)
+    ctrl = study.tune("self_imitate", [ctrl], tune)
+    best = study.tune("sharing", sharing, tune)
+    tokens = round(study.per_step(best, tune, "train_tokens"))
+    matched = Arm("self_imitate_matched", "self_imitate_matched", "baseline",
+                  {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": {
+                      "weight": SGT_LAMBDA, "extra_rows": 64, "match_tokens": tokens, "replay_steps": 16}}})
+    study.notes.append(f"Task mix chosen by the zero-shot study on validation problems: {', '.join(choice['tasks'])}; "
+                       f"{args.prompts} prompts x {args.generations} samples per step, {args.steps} steps. "
+                       f"Compute-matched control: self_imitate with own earlier successes until a step trains "
+                       f"{tokens} tokens ({best.name}'s per step on the tuning seeds).")
+    arms = (ind, ctrl, matched, best)
+    study.run((a, s_) for s_ in final for a in arms)
+    study.arms = {a.name: a for a in arms}
+    dirs = [Path(args.out) / f"{a.name}-seed{s_}" for a in arms for s_ in final]
+    study.write({"policies": ["smollm2 (SmolLM2-135M-Instruct)", "gemma3 (Gemma-3-270M)"], "zero_shot": zs,
+                 "choice": choice, "candidates": CANDIDATES, "steps": args.steps, "tune_seeds": tune,
+                 "thl_residual": thl_residual([d for d in dirs if d.is_dir()])})
 
 
 if __name__ == "__main__":
