@@ -33,7 +33,7 @@ from mutualrl.allocation.placement import exchange_url, place
 from mutualrl.allocation.planner import Allocation, Placement, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
 from mutualrl.config import RunConfig
-from mutualrl.distributed import serve_store
+from mutualrl.distributed import progress, serve_store
 from mutualrl.errors import UserError
 from mutualrl.exchange import open_exchange
 from mutualrl.resolve import RunPlan
@@ -130,6 +130,7 @@ class RayScheduler(Scheduler):
         self.layout = RankLayout([])
         self._pending: PendingReplies | None = None
         self._store: Any = None
+        self._policy_names: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
@@ -155,6 +156,7 @@ class RayScheduler(Scheduler):
         if not plan.placed:  # the one placement step, on the allocation the planner made
             plan = place(plan, self.plan.allocation, "ray", self.exchange_url, rendezvous=rendezvous)
         self.layout = RankLayout.of(plan)
+        self._policy_names = [p.name for p in cfg.policies]
         self._pending = PendingReplies(self.layout)
         self.names = list(self.layout.labels)
         actor_cls = ray.remote(RayPolicyWorker)
@@ -277,7 +279,7 @@ class RayScheduler(Scheduler):
             deadline = min(time.monotonic() + timeout, min(v[2] for v in self._inflight.values()))
             ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                w = min(self._inflight, key=lambda k: self._inflight[k][2])
+                w = self._behind(min(self._inflight, key=lambda k: self._inflight[k][2]))
                 raise WorkerFailed(self.names[w], f"no reply to {self._inflight[w][1]}() within {self.timeout:g}s "
                                    f"(step_timeout_s) {self._where(w)}")
             w = by_ref[ready[0]]
@@ -301,6 +303,10 @@ class RayScheduler(Scheduler):
                                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") \
                 from None
         except RayTaskError as exc:
+            culprit = self._behind(i)
+            if culprit != i:  # it failed waiting for another rank of its policy
+                raise WorkerFailed(self.names[culprit], f"fell behind its policy's other ranks in {method}() "
+                                   f"{self._where(culprit)}\n(then {self.names[i]}: {exc})") from None
             raise WorkerFailed(self.names[i], f"{method}() raised {exc}") from None
         if raw:
             return text
@@ -308,6 +314,18 @@ class RayScheduler(Scheduler):
         self.last_cpu_s[i] = msg.get("cpu_s")
         self.last_wall_s[i] = msg.get("wall_s")
         return msg["result"]
+
+    def _behind(self, worker: int) -> int:
+        """Of ``worker``'s policy's ranks, the one behind the others in the collectives they reach
+        (:func:`~mutualrl.distributed.progress`): the rank the others wait for; ``worker`` itself when
+        none is behind or the policy has one rank."""
+        i = self.layout.policy_of(worker)
+        ranks = self.layout.members[i]
+        if len(ranks) == 1 or self._store is None:
+            return worker
+        marks = progress(self._store, self._policy_names[i], len(ranks))
+        behind = min(range(len(ranks)), key=marks.__getitem__)
+        return ranks[behind] if marks[behind] < max(marks) else worker
 
     def _where(self, i: int) -> str:
         """``on node <id> (dead|alive)`` for worker ``i``'s node, when it is known."""
@@ -332,7 +350,7 @@ class RayScheduler(Scheduler):
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                late = where[pending[0]]
+                late = self._behind(where[pending[0]])
                 raise WorkerFailed(self.names[late], f"no reply to {method}() within {self.timeout:g}s "
                                    f"(step_timeout_s) {self._where(late)}")
             for r in ready:
