@@ -30,13 +30,13 @@ from typing import Any
 from mutualrl.allocation.adaptive import AdaptivePlan
 from mutualrl.allocation.base import Scheduler, WorkerFailed
 from mutualrl.allocation.placement import exchange_url, place
-from mutualrl.allocation.planner import Allocation, Placement, Resources
+from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
 from mutualrl.config import RunConfig
 from mutualrl.distributed import progress, serve_store
 from mutualrl.errors import UserError
 from mutualrl.exchange import open_exchange
-from mutualrl.resolve import RunPlan
+from mutualrl.resolve import RunPlan, WorkerSpec
 from mutualrl.worker import PolicyWorker
 from mutualrl.worker_api import WorkerAPI, remote_name
 
@@ -84,14 +84,15 @@ def connect_ray() -> bool:
     return True
 
 
-def bundle_for(p: Placement, ranks: int = 1) -> dict[str, float]:
-    """The placement-group bundle of one worker, one rank of ``ranks`` when its policy has several
-    (each takes its share of the planned cores and one GPU; Ray wants whole numbers above one unit)."""
-    share = p.cpu_share / ranks
+def bundle_for(spec: WorkerSpec) -> dict[str, float]:
+    """The placement-group bundle that realises one placed worker (one rank): its core share and,
+    on a GPU, its share of one (Ray wants whole numbers above one unit; shares rounded down so the
+    bundles fit the cores)."""
+    share = spec.cpu_share if spec.cpu_share is not None else 1.0
     cpu = share if share < 1 else float(int(share + 1e-9))
-    bundle = {"CPU": max(math.floor(cpu * 1e4) / 1e4, 0.01)}  # rounded down: the bundles must fit the cores
-    if p.gpu is not None:
-        bundle["GPU"] = 1.0 if ranks > 1 else p.gpu_fraction if p.gpu_fraction < 1 else float(int(p.gpu_fraction))
+    bundle = {"CPU": max(math.floor(cpu * 1e4) / 1e4, 0.01)}
+    if spec.device is not None and spec.device.startswith("cuda"):
+        bundle["GPU"] = spec.gpu_fraction if spec.gpu_fraction and spec.gpu_fraction < 1 else 1.0
     return bundle
 
 
@@ -161,22 +162,22 @@ class RayScheduler(Scheduler):
         self.names = list(self.layout.labels)
         actor_cls = ray.remote(RayPolicyWorker)
         try:
-            for i, pl in enumerate(self.plan.allocation.placements):
-                ranks = len(self.layout.members[i])
+            for ranks in self.layout.members:  # one placement group per policy, a bundle per rank, as placed
+                specs = [plan.workers[w] for w in ranks]
                 kwargs: dict[str, Any] = {}
-                if pl.node is not None and len(resources.nodes) > 1 and ranks == 1:
-                    kwargs["bundle_label_selector"] = [{"ray.io/node-id": pl.node}]
-                pg = placement_group([bundle_for(pl, ranks)] * ranks, strategy="STRICT_PACK" if ranks == 1 else "PACK",
-                                     **kwargs)
+                if specs[0].node is not None and len(resources.nodes) > 1 and len(specs) == 1:
+                    kwargs["bundle_label_selector"] = [{"ray.io/node-id": specs[0].node}]
+                pg = placement_group([bundle_for(sp) for sp in specs],
+                                     strategy="STRICT_PACK" if len(specs) == 1 else "PACK", **kwargs)
                 self.groups.append(pg)
             for i, pg in enumerate(self.groups):
                 ready, _ = ray.wait([pg.ready()], timeout=self.timeout)
                 if not ready:
-                    raise WorkerFailed(cfg.policies[i].name, f"placement group of {len(self.layout.members[i])} x "
-                                       f"{bundle_for(self.plan.allocation.placements[i], len(self.layout.members[i]))} "
-                                       f"not placed within {self.timeout:g}s; cluster: {resources.describe()}")
+                    want = [bundle_for(plan.workers[w]) for w in self.layout.members[i]]
+                    raise WorkerFailed(cfg.policies[i].name, f"placement group {want} not placed within "
+                                       f"{self.timeout:g}s; cluster: {resources.describe()}")
             for spec in plan.workers:
-                b = bundle_for(self.plan.allocation.placements[spec.index], spec.world)
+                b = bundle_for(spec)
                 actor = actor_cls.options(
                     num_cpus=b["CPU"], num_gpus=b.get("GPU", 0), max_restarts=0, max_concurrency=1,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(self.groups[spec.index],
