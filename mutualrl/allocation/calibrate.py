@@ -20,6 +20,7 @@ import torch
 from mutualrl.allocation.cost import CostModel
 from mutualrl.config import RunConfig
 from mutualrl.resolve import plan_of
+from mutualrl.worker import PolicyWorker
 
 
 def calibrate(cfg: RunConfig, costs: CostModel, *, steps: int = 2, threads: int | Sequence[int] = 1,
@@ -27,8 +28,6 @@ def calibrate(cfg: RunConfig, costs: CostModel, *, steps: int = 2, threads: int 
     """Time ``steps`` real steps of every policy alone on its ``threads`` torch threads (one number for
     all, or one per policy: what the plan gives it; one worker each, ranks aside) and fold the last
     step's measurements into ``costs``; per policy, what was measured."""
-    from mutualrl.worker import PolicyWorker
-
     single = dataclasses.replace(cfg, policies=[dataclasses.replace(p, workers=1) for p in cfg.policies],
                                  scheduler="sequential")
     plan = plan_of(single)
