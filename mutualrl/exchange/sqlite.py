@@ -23,8 +23,10 @@ write lock (``busy_timeout``) instead of failing.
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import threading
+import time
 from typing import Any
 
 from mutualrl.errors import UserError
@@ -99,6 +101,20 @@ def _query_sql(pids: list[str], q: Query) -> tuple[str, list[Any]]:
     return " ".join(sql), args
 
 
+def _journal_mode_wal(conn: sqlite3.Connection, wait_s: float) -> str:
+    """Switch ``conn``'s file to WAL, retrying while another process opens the same new file: two
+    processes switching a fresh file at once (the ranks of one policy start together) can get
+    ``database is locked`` at once, without SQLite's busy handler waiting."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02 + 0.08 * random.random())
+
+
 class SQLiteExchange(Exchange):
     """A durable exchange in one SQLite file; safe for several processes and threads.
 
@@ -143,7 +159,7 @@ class SQLiteExchange(Exchange):
                             "exists and is writable, or choose another path.") from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = _journal_mode_wal(conn, busy_timeout_s)
             if str(mode).lower() != "wal":
                 raise UserError(f"exchange database {path!r} cannot use WAL mode (got {mode!r}); "
                                 "put it on a local filesystem (not NFS) that supports shared memory.")
