@@ -93,6 +93,8 @@ class Study:
     notes: list[str] = field(default_factory=list)
     t0: float = field(default_factory=time.perf_counter)
     load_start: float = field(default_factory=lambda: os.getloadavg()[0])
+    _trained: set[Path] = field(default_factory=set)
+    """Run directories this study process trained (a later round reuses them even without --reuse)."""
 
     @property
     def runs_dir(self) -> Path:
@@ -114,7 +116,7 @@ class Study:
             self.arms.setdefault(arm.name, arm)
             d = self.out / f"{arm.name}-seed{seed}"
             cfg = self.config(arm, seed)
-            if self.reuse and self._finished(d, cfg):
+            if (self.reuse or d in self._trained) and self._finished(d, cfg):  # this study trained it already
                 self._record(arm, seed, d)
                 continue
             if self.reuse and self._recorded(arm, seed, cfg):  # a committed record of this run: kept as it is
@@ -148,6 +150,7 @@ class Study:
                         other.wait()
                 raise SystemExit(f"run {arm.name} seed {seed} failed (exit {proc.returncode}); log {d}.log")
             self._record(arm, seed, d)
+            self._trained.add(d)
 
     def _same_spec(self, d: Path, cfg: dict[str, Any]) -> bool:
         from mutualrl.resolve import load_config
