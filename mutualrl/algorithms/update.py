@@ -75,6 +75,21 @@ class _Part:
         self.correction: torch.Tensor | None = None
 
 
+def _goes_on(ranks: RankGroup | None, trainable: bool) -> bool:
+    """Whether an optimizer step goes ahead: this rank has a loss to train or, with several ranks,
+    any rank has (they stop together, as one worker would)."""
+    return ranks.any([trainable])[0] if ranks is not None and ranks.active else trainable
+
+
+def _optimizer_step(policy: Policy, optimizer: torch.optim.Optimizer, ranks: RankGroup | None) -> float:
+    """Sum the gradients over the ranks, clip them and step; the gradient norm before clipping."""
+    if ranks is not None:
+        ranks.sum_gradients(policy.model.parameters())
+    norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), policy.options.max_grad_norm))
+    optimizer.step()
+    return norm
+
+
 def _idle_phase_steps(policy: Policy, phase: str, iterations: int, ranks: RankGroup) -> dict[str, float]:
     """A rank without rows of ``phase`` takes part in its optimizer steps with a zero gradient."""
     optimizer = policy.optimizer_for(phase)
@@ -83,12 +98,9 @@ def _idle_phase_steps(policy: Policy, phase: str, iterations: int, ranks: RankGr
     steps = 0
     for _ in range(iterations):
         optimizer.zero_grad(set_to_none=True)
-        if not ranks.any([False])[0]:  # the ranks with rows found nothing to train: all stop
+        if not _goes_on(ranks, False):  # the ranks with rows found nothing to train: all stop
             break
-        ranks.sum_gradients(policy.model.parameters())
-        stats[prefix + "grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(),
-                                                                           policy.options.max_grad_norm))
-        optimizer.step()
+        stats[prefix + "grad_norm"] = _optimizer_step(policy, optimizer, ranks)
         steps += 1
         stats[prefix + "loss"] = 0.0
     stats[prefix + "optimizer_steps"] = steps
@@ -145,16 +157,11 @@ def _phase_steps(policy: Policy, phase: str, parts_rows: Sequence[tuple[BoundKin
             if term.reduction == "policy_gradient":
                 pg_total = pg_total + share.detach()
             stats.update({_stat_key(p.kind.name, k): v for k, v in t_stats.items()})
-        together = ranks is not None and ranks.active
-        if not (ranks.any([total.requires_grad])[0] if together else total.requires_grad):  # type: ignore[union-attr]
-            break  # nothing to train here (on any rank): as one worker would, every rank stops
+        if not _goes_on(ranks, total.requires_grad):
+            break  # nothing to train here (on any rank)
         if total.requires_grad:
             total.backward()
-        if ranks is not None:
-            ranks.sum_gradients(policy.model.parameters())
-        stats[prefix + "grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(),
-                                                                           opts.max_grad_norm))
-        optimizer.step()
+        stats[prefix + "grad_norm"] = _optimizer_step(policy, optimizer, ranks)
         steps += 1
         stats[prefix + "loss"] = float(total.detach())
         if any(p.kind.term.reduction == "policy_gradient" for p in parts):
