@@ -35,6 +35,14 @@ BUCKET_ELEMENTS = 1 << 24
 """Gradient values per all-reduce bucket (64 MiB in fp32): the copy a bucket needs stays small."""
 
 
+def lagging_rank(store: dist.Store, prefix: str, world: int) -> int | None:
+    """The rank of the policy under ``prefix`` that is behind the others in the collectives they
+    reach (:func:`progress`): the one the others wait for; None when none is behind."""
+    marks = progress(store, prefix, world)
+    behind = min(range(world), key=marks.__getitem__)
+    return behind if marks[behind] < max(marks) else None
+
+
 def progress(store: dist.Store, prefix: str, world: int) -> list[int]:
     """Collectives each rank of the policy under ``prefix`` reached (:meth:`RankGroup.mark`), from the
     scheduler's own store; 0 for a rank that never marked."""

@@ -33,7 +33,7 @@ from mutualrl.allocation.base import Scheduler, WorkerFailed
 from mutualrl.allocation.placement import exchange_url, place
 from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
-from mutualrl.distributed import progress, serve_store
+from mutualrl.distributed import lagging_rank, serve_store
 from mutualrl.resolve import RunPlan
 from mutualrl.worker_api import WorkerAPI
 
@@ -342,9 +342,8 @@ class LocalScheduler(Scheduler):
                 break
             time.sleep(0.1)
         if self._store is not None:
-            marks = progress(self._store, self._policy_names[i], len(ranks))  # type: ignore[arg-type]
-            behind = min(range(len(ranks)), key=marks.__getitem__)
-            if marks[behind] < max(marks):
+            behind = lagging_rank(self._store, self._policy_names[i], len(ranks))  # type: ignore[arg-type]
+            if behind is not None:
                 return ranks[behind]
         return p
 

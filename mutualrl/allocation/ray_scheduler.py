@@ -33,7 +33,7 @@ from mutualrl.allocation.placement import exchange_url, place
 from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
 from mutualrl.config import RunConfig
-from mutualrl.distributed import progress, serve_store
+from mutualrl.distributed import lagging_rank, serve_store
 from mutualrl.errors import UserError
 from mutualrl.exchange import open_exchange
 from mutualrl.resolve import RunPlan, WorkerSpec
@@ -324,9 +324,8 @@ class RayScheduler(Scheduler):
         ranks = self.layout.members[i]
         if len(ranks) == 1 or self._store is None:
             return worker
-        marks = progress(self._store, self._policy_names[i], len(ranks))
-        behind = min(range(len(ranks)), key=marks.__getitem__)
-        return ranks[behind] if marks[behind] < max(marks) else worker
+        behind = lagging_rank(self._store, self._policy_names[i], len(ranks))
+        return worker if behind is None else ranks[behind]
 
     def _where(self, i: int) -> str:
         """``on node <id> (dead|alive)`` for worker ``i``'s node, when it is known."""
