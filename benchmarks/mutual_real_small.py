@@ -20,7 +20,8 @@ SentencePiece), from PyPI wheels, offline, under the protocol of ``benchmarks/st
 
 Writes ``benchmarks/results/NAME.json`` (the peers' share with its interval, per arm accuracy and
 compute, the zero-shot table and choice, the pair's THL residual), ``NAME_runs/`` and
-``NAME_report/``. A run takes about 10 minutes on 2 cores: run it alone.
+``NAME_report/``. A run takes about 10 minutes on 2 cores (``--evals 2``: validation at the start and end
+only, which is all the protocol reads): run it alone.
 """
 
 from __future__ import annotations

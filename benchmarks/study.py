@@ -131,26 +131,41 @@ class Study:
         threads = max(1, (os.cpu_count() or 1) // max(1, self.jobs))
         running: list[tuple[Arm, int, Path, subprocess.Popen]] = []
         for arm, seed, d, resume in todo:
-            while len([r for r in running if r[3].poll() is None]) >= self.jobs:
-                time.sleep(2)
-            failed = [r for r in running if r[3].poll() not in (None, 0)]
-            if failed:  # stop launching: the wait below reports it and stops the rest
-                break
+            while len(running) >= self.jobs:
+                running = self._reap(running)
+                if len(running) >= self.jobs:
+                    time.sleep(2)
             cmd = [sys.executable, __file__, "--one", str(d)] + (["--resume"] if resume else [])
             env = dict(os.environ, OMP_NUM_THREADS=str(threads))
             print(f"[{self.name}] {arm.name} seed {seed}{' (resumed)' if resume else ''} -> {d}", file=sys.stderr,
                   flush=True)
             log = open(d.with_name(d.name + ".log"), "ab")  # noqa: SIM115 - the run writes it for its whole life
             running.append((arm, seed, d, subprocess.Popen(cmd, env=env, stdout=log, stderr=log)))
+        while running:
+            running = self._reap(running)
+            if running:
+                time.sleep(2)
+
+    def _reap(self, running: list[tuple[Arm, int, Path, subprocess.Popen]]) -> list[tuple[Arm, int, Path, subprocess.Popen]]:
+        """Record every run that finished (at once, so that a study stopped later keeps it); stop the
+        study at the first failed run, terminating the others (a rerun would race them)."""
+        left = []
         for arm, seed, d, proc in running:
-            if proc.wait() != 0:
-                for *_, other in running:  # no run outlives the study (a rerun would race it)
+            code = proc.poll()
+            if code is None:
+                left.append((arm, seed, d, proc))
+            elif code != 0:
+                for *_, other in running:
                     if other.poll() is None:
                         other.terminate()
                         other.wait()
-                raise SystemExit(f"run {arm.name} seed {seed} failed (exit {proc.returncode}); log {d}.log")
-            self._record(arm, seed, d)
-            self._trained.add(d)
+                raise SystemExit(f"run {arm.name} seed {seed} failed (exit {code}); log {d}.log")
+            else:
+                self._record(arm, seed, d)
+                self._trained.add(d)
+                print(f"[{self.name}] {arm.name} seed {seed} recorded ({self.runs_dir.name}/{arm.name}-seed{seed}.json)",
+                      file=sys.stderr, flush=True)
+        return left
 
     def _same_spec(self, d: Path, cfg: dict[str, Any]) -> bool:
         from mutualrl.resolve import load_config
