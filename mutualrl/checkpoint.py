@@ -254,17 +254,24 @@ def save_policy_state(directory: str | os.PathLike[str], policy: Any, extra: dic
 
     A policy on several data-parallel ranks: every rank holds the same weights and optimizer state,
     so rank 0 alone writes them; each rank writes its own RNG states and counters
-    (:func:`rank_file`), so that a resumed rank samples what it would have sampled."""
+    (:func:`rank_file`), so that a resumed rank samples what it would have sampled. Under FSDP
+    (:mod:`mutualrl.fsdp`) every rank takes part in gathering the weights and optimizer states
+    first, and rank 0 writes them in the same format."""
     import torch
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
+    fsdp = getattr(policy, "fsdp", None)
+    if fsdp is not None:  # collectives: every rank, the same order
+        fsdp.gather()
+    optim = {phase: fsdp.full_optimizer_state(opt) if fsdp is not None else opt.state_dict()
+             for phase, opt in policy.optimizers.items()}
     if rank == 0:
         if world > 1:
             (d / RANKS_FILE).write_text(json.dumps({"world": world}), encoding="utf-8")
-        save_module(policy.model, d / MODEL_FILE, policy.checkpoint_keys())
-        for phase, opt in policy.optimizers.items():
-            torch.save(opt.state_dict(), d / optimizer_file(phase))
+        save_module(getattr(policy, "full_weights", policy.model), d / MODEL_FILE, policy.checkpoint_keys())
+        for phase, sd in optim.items():
+            torch.save(sd, d / optimizer_file(phase))
     torch.save({"generator": policy.generator.get_state(), "torch": torch.get_rng_state()},
                d / rank_file(RNG_FILE, rank))
     state = {"python_random": _py_random_state(), "numpy_random": _np_random_state(), **extra}
@@ -283,7 +290,10 @@ def load_policy_state(directory: str | os.PathLike[str], policy: Any, rank: int 
         raise CheckpointError(f"{d}: written by {written} rank(s) of this policy, resumed with {world}: set the "
                               f"policy's workers to {written} to resume it (a workers: auto plan may differ on "
                               "other hardware)")
-    load_module(policy.model, d / MODEL_FILE, policy.checkpoint_keys())
+    fsdp = getattr(policy, "fsdp", None)
+    load_module(getattr(policy, "full_weights", policy.model), d / MODEL_FILE, policy.checkpoint_keys())
+    if fsdp is not None:  # each rank keeps its shard of what it read
+        fsdp.scatter()
     extra = [ph for ph in policy.optimizers if ph != "policy"]
     for phase, opt in policy.optimizers.items():
         path = d / optimizer_file(phase)
@@ -292,7 +302,8 @@ def load_policy_state(directory: str | os.PathLike[str], policy: Any, rank: int 
         if not path.is_file():
             raise CheckpointError(f"{path}: missing: the checkpoint holds no state of optimizer phase {phase!r} "
                                   "(was it written by a run with another sharing strategy?)")
-        opt.load_state_dict(torch.load(path, weights_only=True))
+        sd = torch.load(path, weights_only=True)
+        opt.load_state_dict(fsdp.local_optimizer_state(opt, sd) if fsdp is not None else sd)
     rng = torch.load(d / rank_file(RNG_FILE, rank), weights_only=True)
     policy.generator.set_state(rng["generator"])
     torch.set_rng_state(rng["torch"])

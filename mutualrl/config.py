@@ -207,6 +207,11 @@ class PolicyConfig(Freezable):
     its share of the step's prompts, and their gradients are summed, so the update on the step's
     batch is the one a single worker makes on it. ``auto``: the MWRA plan gives it whole GPUs to balance
     the step (one worker on CPU cores). ``docs/allocation.md``, "A policy on several workers"."""
+    fsdp: bool = False
+    """Shard this policy's trainable weights, gradients and optimizer states over its ``workers``
+    (FSDP2, ``torch.distributed.fsdp.fully_shard``) instead of replicating them: for a model whose
+    training state does not fit one device. Same update; the sampler keeps one full copy per rank
+    (:mod:`mutualrl.fsdp`)."""
 
 
 @dataclass
@@ -394,6 +399,9 @@ def check_config(cfg: RunConfig) -> RunConfig:
         if isinstance(pol.workers, int) and pol.workers > 1 and cfg.scheduler == "sequential":
             raise ConfigError(f"{p}.workers", f"{pol.workers} ranks need worker processes: set scheduler: local "
                               "(this machine) or ray (a cluster), or workers: 1")
+        if pol.fsdp and pol.workers == 1:
+            raise ConfigError(f"{p}.fsdp", "shards over the policy's ranks: set workers to 2 or more (or auto), or "
+                              "fsdp: false")
         if isinstance(pol.workers, int) and pol.workers > cfg.prompts_per_step:
             raise ConfigError(f"{p}.workers", f"{pol.workers} ranks for {cfg.prompts_per_step} prompts a step: each "
                               "rank needs a prompt at least (raise prompts_per_step or lower workers)")

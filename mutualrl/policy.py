@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from mutualrl.engines.base import GenerationEngine, SamplingParams, cache_kwarg,
 from mutualrl.engines.head import HEAD_BLOCK_COLUMNS, decoder_and_head
 from mutualrl.engines.hf import HFEngine
 from mutualrl.engines.vllm import VLLMEngine
+from mutualrl.fsdp import ShardedWeights
 from mutualrl.modeling import disable_dropout, format_prompt, generation_stop_ids, tokenizer_fingerprint
 from mutualrl.thl.peer import stop_ids_of
 from mutualrl.thl.retokenize import encode_completion
@@ -159,6 +161,10 @@ class Policy:
                                                      lora_dropout=peft.lora_dropout,
                                                      target_modules=peft.target_modules, task_type="CAUSAL_LM"))
         self.model = model
+        self.sampler_model: torch.nn.Module = model
+        """The weights the sampler reads: the model itself, or under FSDP its gathered full copy."""
+        self.fsdp: ShardedWeights | None = None
+        """The FSDP state once :meth:`shard` ran (``policies[i].fsdp``)."""
         self.ref_model = None
         if options.beta > 0 and not self.lora:
             self.ref_model = copy.deepcopy(model).eval()
@@ -178,7 +184,7 @@ class Policy:
 
         # the blocked LM head pays on CPU; under autocast the model's own head keeps its dtype handling
         block = HEAD_BLOCK_COLUMNS if self.device.type == "cpu" and self.compute_dtype != "bfloat16" else None
-        return HFEngine(self.model, self.eos_ids, self.pad_id, self.generator, autocast=self._autocast,
+        return HFEngine(self.sampler_model, self.eos_ids, self.pad_id, self.generator, autocast=self._autocast,
                         share_prompt_prefix=self.share_prompt_prefix, head_block=block,
                         pack_linears=block is not None and self.generation.packed_weights,
                         lean_step=self.generation.lean_decoding)
@@ -187,7 +193,25 @@ class Policy:
         o = self.options
         return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=lr,
                                  weight_decay=o.weight_decay, betas=(o.adam_beta1, o.adam_beta2),
-                                 **_adamw_impl(self.device))
+                                 **_adamw_impl(self.device, sharded=self.fsdp is not None))
+
+    def shard(self) -> None:
+        """Shard the trainable weights, gradients and optimizer states over the policy's ranks with
+        FSDP2 (:mod:`mutualrl.fsdp`). Every rank calls it once, after the process group is up and the
+        ranks hold the same weights, before a sharing step adds optimizers of its own."""
+        if self.fsdp is not None or len(self.optimizers) > 1:
+            raise RuntimeError(f"policy {self.name!r}: shard() runs once, before further optimizers are added")
+        self.fsdp = ShardedWeights(self.model, self._plain_forward, self.ref_model)
+        self.sampler_model = self.fsdp.full
+        self.optimizers = {POLICY_PHASE: self._adamw(self.options.learning_rate)}
+        self.engine.close()
+        self.engine = self._make_engine()
+
+    @property
+    def full_weights(self) -> torch.nn.Module:
+        """A module holding the full current weights (what a checkpoint or an export writes): the
+        model, or under FSDP the sampler's copy, gathered after every optimizer step."""
+        return self.sampler_model
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -216,8 +240,13 @@ class Policy:
             group["lr"] = lr
 
     def sync_engine(self) -> float:
-        """After an optimizer step: make the sampler use the new weights; returns the seconds taken."""
-        return self.engine.sync_weights()
+        """After an optimizer step: make the sampler use the new weights (under FSDP, gathered into its
+        copy first: every rank calls it); returns the seconds taken."""
+        t0 = time.perf_counter()
+        if self.fsdp is not None:
+            self.fsdp.gather()
+        gathered = time.perf_counter() - t0
+        return gathered + self.engine.sync_weights()
 
     # ------------------------------------------------------------------ prompts
     @property
@@ -304,10 +333,17 @@ class Policy:
 
     def _forward_logprobs(self, model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
                           completion_ids: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+        if self.fsdp is not None:  # one forward of the root unit: the same collectives on every rank
+            return self.fsdp.root_for(model)(prompt_ids, completion_ids, width)
         uniq, inv = dedupe_prompts(prompt_ids)
         if (self.share_prompt_prefix and len(uniq) < len(prompt_ids) and not self.options.gradient_checkpointing
                 and max(len(c) for c in completion_ids) <= width):
             return self._forward_logprobs_shared(model, uniq, inv, completion_ids, width)
+        return self._plain_forward(model, prompt_ids, completion_ids, width)
+
+    def _plain_forward(self, model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
+                       completion_ids: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+        """Every row through the decoder in one call (prompt and completion together)."""
         decoder, head = self._parts(model)
         seqs = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
         # at least width + 1 columns, so the last width + 1 positions exist even when every sequence is
@@ -408,10 +444,11 @@ class Policy:
         self.engine.close()
 
 
-def _adamw_impl(device: torch.device) -> dict[str, bool]:
+def _adamw_impl(device: torch.device, sharded: bool = False) -> dict[str, bool]:
     """AdamW's fused kernel where this torch has one for ``device`` (one pass over each parameter
-    instead of a dozen foreach sweeps: ~4x faster steps on CPU), else the foreach default."""
-    if device.type in ("cpu", "cuda"):
+    instead of a dozen foreach sweeps: ~4x faster steps on CPU), else the foreach default (and for
+    FSDP's DTensor shards)."""
+    if device.type in ("cpu", "cuda") and not sharded:
         try:
             torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1, device=device))], fused=True)
             return {"fused": True}

@@ -117,6 +117,8 @@ class PolicyWorker(WorkerAPI):
                              prompt_template=self.pcfg.prompt_template, system_prompt=self.pcfg.system_prompt,
                              seed=seed, device=self.device, peft=self.pcfg.peft, generation=self.pcfg.generation)
         self.ranks.broadcast_parameters(self.policy.model)  # a random adapter starts alike on every rank
+        if self.pcfg.fsdp and self.ranks.active:  # before a sharing step adds its optimizers
+            self.policy.shard()
         import_strategy_modules(cfg.sharing.modules)
         self.strategy = parse_strategy(cfg.sharing.strategy)
         self.settings = self.strategy.settings(cfg.sharing)

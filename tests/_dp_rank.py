@@ -1,7 +1,10 @@
 """One rank of tests/test_data_parallel.py's update: ``python tests/_dp_rank.py MODEL STRATEGY RANK WORLD
 RENDEZVOUS OUT`` trains a tiny policy on its share (prompts ``rank::world``) of one fixed batch and
 writes its trainable weights to OUT (``torch.save`` of one flat tensor). ``WORLD`` 1 is the
-single-worker reference; RENDEZVOUS ``-`` when there is none."""
+single-worker reference; RENDEZVOUS ``-`` when there is none. ``DP_FSDP=1`` shards the policy over the
+ranks (FSDP2); ``DP_LORA=1`` trains a LoRA adapter, ``DP_CHECKPOINTING=1`` with gradient checkpointing,
+``DP_BETA`` sets the KL weight; ``DP_RESUME=1`` saves the policy's state after the first update, loads
+it into a fresh policy and takes the second update there (a checkpoint must resume the optimizer)."""
 
 from __future__ import annotations
 
@@ -15,8 +18,10 @@ import torch
 from mutualrl.algorithms.registry import OWN
 from mutualrl.algorithms.sharing import TrainBatch, TrainRow, parse_strategy
 from mutualrl.algorithms.update import train_on_batch
-from mutualrl.config import GRPOOptions
+from mutualrl.checkpoint import load_policy_state, save_policy_state
+from mutualrl.config import GRPOOptions, PeftConfig
 from mutualrl.distributed import RankGroup
+from mutualrl.fsdp import full_value
 from mutualrl.policy import Policy
 
 PROMPTS, G = 5, 4
@@ -51,19 +56,38 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     opts = GRPOOptions(num_generations=G, max_completion_length=8, num_iterations=2, learning_rate=1e-3,
-                       loss_type=os.environ.get("DP_LOSS", "dr_grpo"))
-    pol = Policy("p", model, opts, seed=0)
+                       loss_type=os.environ.get("DP_LOSS", "dr_grpo"), beta=float(os.environ.get("DP_BETA", "0")),
+                       gradient_checkpointing=os.environ.get("DP_CHECKPOINTING") == "1")
+    peft = PeftConfig(r=4, target_modules=["c_attn"]) if os.environ.get("DP_LORA") == "1" else None
     settings = {"imitate": {"learning_rate": 3e-4, "weight": 1.0}} if strategy == "imitate" else {}
-    for phase, lr in parse_strategy(strategy).optimizer_phases(settings).items():
-        pol.add_optimizer(phase, lr)
     ranks = RankGroup(rank, world, None if rendezvous == "-" else rendezvous, "cpu", timeout_s=60)
-    ranks.broadcast_parameters(pol.model)
+
+    def fresh() -> Policy:
+        torch.manual_seed(0)
+        pol = Policy("p", model, opts, seed=0, peft=peft)
+        ranks.broadcast_parameters(pol.model)
+        if os.environ.get("DP_FSDP") == "1" and ranks.active:
+            pol.shard()
+        for phase, lr in parse_strategy(strategy).optimizer_phases(settings).items():
+            pol.add_optimizer(phase, lr)
+        return pol
+
+    pol = fresh()
     per_prompt, kinds = fixed_batch(strategy, min(len(pol.tokenizer), pol.model.config.vocab_size), settings)
     mine = ranks.shard(per_prompt)
-    for _ in range(2):  # two updates: the optimizers' moments carry over alike
+    for update in range(2):  # two updates: the optimizers' moments carry over alike
+        if update == 1 and os.environ.get("DP_RESUME") == "1":
+            ck = os.path.dirname(out) + f"/ck-{world}"
+            save_policy_state(ck, pol, {}, rank=rank, world=world)
+            pol = fresh()
+            load_policy_state(ck, pol, rank=rank, world=world)
         batch = TrainBatch([r for rows in mine for r in rows], n_prompts=len(mine), kinds=kinds)
         stats = train_on_batch(pol, batch, ranks=ranks)
-    flat = torch.cat([p.detach().reshape(-1) for p in pol.model.parameters() if p.requires_grad])
+        pol.sync_engine()
+    flat = torch.cat([full_value(p.detach()).reshape(-1) for p in pol.model.parameters() if p.requires_grad])
+    sampler = torch.cat([p.detach().reshape(-1) for n, p in pol.sampler_model.named_parameters()
+                         if dict(pol.model.named_parameters())[n].requires_grad])
+    assert torch.equal(flat, sampler), "the sampler's copy lags the trained weights"
     keep = {k: v for k, v in stats.items() if k.endswith(("loss", "grad_norm", "optimizer_steps"))}
     torch.save({"params": flat, "stats": keep}, out)
     ranks.close()

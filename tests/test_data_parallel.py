@@ -54,6 +54,38 @@ def test_two_gloo_ranks_take_the_single_worker_update(tiny_models, tmp_path, str
     assert torch.equal(two[0]["params"], two[1]["params"])  # the ranks never drift apart
 
 
+@pytest.mark.parametrize(("strategy", "options"), [
+    ("independent", {}),
+    ("imitate", {"DP_LORA": "1", "DP_CHECKPOINTING": "1", "DP_BETA": "0.05", "DP_RESUME": "1"})])
+def test_fsdp_ranks_take_the_single_worker_update(tiny_models, tmp_path, monkeypatch, strategy, options):
+    """FSDP2 over 2 gloo ranks (weights, gradients and AdamW moments sharded; gradients reduce-scattered
+    as a sum): the same update as one worker on the whole batch, rank 1 joining imitate's phase with a
+    dummy row; with LoRA, gradient checkpointing and a KL term, and through a checkpoint written by the
+    gathered state dicts and read back into fresh shards between the two updates."""
+    for k, v in options.items():
+        monkeypatch.setenv(k, v)
+    one = _ranks(tiny_models["tiny-gpt2"], strategy, 1, tmp_path, "grpo")[0]
+    monkeypatch.setenv("DP_FSDP", "1")
+    two = _ranks(tiny_models["tiny-gpt2"], strategy, 2, tmp_path, "grpo")
+    for k in (k for k in one["stats"] if k.endswith("loss")):
+        assert sum(r["stats"][k] for r in two) == pytest.approx(one["stats"][k], rel=1e-5, abs=1e-7), k
+    for k in (k for k in one["stats"] if k.endswith(("grad_norm", "optimizer_steps"))):
+        for r in two:
+            assert r["stats"][k] == pytest.approx(one["stats"][k], rel=1e-5), k
+    for r in two:
+        assert float((r["params"] - one["params"]).abs().max()) <= 1e-5
+    assert torch.equal(two[0]["params"], two[1]["params"])
+
+
+def test_fsdp_needs_ranks(tiny_config):
+    cfg = dict(tiny_config, scheduler="local")
+    cfg["policies"] = [dict(cfg["policies"][0], fsdp=True), cfg["policies"][1]]
+    with pytest.raises(ConfigError, match=r"policies\[0\]\.fsdp.*workers to 2"):
+        load_config(cfg)
+    cfg["policies"][0]["workers"] = 2
+    assert load_config(cfg).policies[0].fsdp
+
+
 def test_rendezvous_parses_and_refuses():
     rv = Rendezvous.parse("tcp://10.0.0.2:29500/policy-a")
     assert (rv.host, rv.port, rv.prefix) == ("10.0.0.2", 29500, "policy-a")
@@ -146,6 +178,27 @@ def test_a_two_rank_policy_on_ray_trains_checkpoints_and_resumes_exactly(uninter
     assert [i.get("ranks", 1) for i in info] == [2, 1] and len(set(info[0]["rank_pids"])) == 2
 
 
+def test_an_fsdp_policy_trains_checkpoints_and_resumes_exactly(uninterrupted, tmp_path):
+    """Policy ``a`` sharded over 2 ranks (FSDP2) beside ``b``, sharing (imitate), local scheduler: a run
+    cut after step 2 and resumed from its gathered checkpoint logs the uninterrupted run's metrics."""
+    from _stop import _Stop, _StopAfterStep2
+
+    from mutualrl.trainer import MutualTrainer
+
+    cfg = _two_rank_config(uninterrupted.tiny, "local")
+    cfg["policies"][0]["fsdp"] = True
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    MutualTrainer(cfg, full, progress=False).train()
+    with pytest.raises(_Stop):
+        _StopAfterStep2(cfg, cut, progress=False).train()
+    MutualTrainer(cfg, cut, resume=True, progress=False).train()
+    a, b = _metrics(full), _metrics(cut)
+    assert [r["step"] for r in a if r.get("event") is None] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert a == b
+    steps = [r for r in a if r.get("event") is None and r["policy"] == "a"]
+    assert any(r["optimizer_steps"] >= 1 for r in steps)  # the sharded policy did train
+
+
 def _exchange_rows(run_dir: Path) -> list[tuple]:
     import sqlite3
 
@@ -234,7 +287,10 @@ def test_a_plan_whose_ranks_cannot_hold_the_model_is_refused(tmp_path, capsys):
     path.write_text(yaml.safe_dump(cfg))
     assert main(["plan", str(path), "--resources", "cpus=64,gpus=8x80"]) == 2
     err = capsys.readouterr().err
-    assert "policies[0]" in err and "LoRA" in err and "GiB" in err
+    assert "policies[0]" in err and "LoRA" in err and "GiB" in err and "fsdp: true" in err
+    cfg["policies"][0]["fsdp"] = True  # sharded over its 6 ranks: 4 + 16/6 bytes a parameter, ~43 GiB a rank
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["plan", str(path), "--resources", "cpus=64,gpus=8x80"]) == 0
 
 
 def test_auto_ranks_come_from_the_placement(tiny_config):

@@ -32,6 +32,7 @@ from mutualrl.algorithms.losses import BatchCounts, TermInputs, reduce
 from mutualrl.algorithms.registry import OWN, POLICY_PHASE, BoundKind
 from mutualrl.algorithms.sharing import TrainBatch, TrainRow
 from mutualrl.distributed import RankGroup
+from mutualrl.fsdp import full_value
 from mutualrl.policy import Policy, pack_right, right_mask
 
 
@@ -82,10 +83,11 @@ def _goes_on(ranks: RankGroup | None, trainable: bool) -> bool:
 
 
 def _optimizer_step(policy: Policy, optimizer: torch.optim.Optimizer, ranks: RankGroup | None) -> float:
-    """Sum the gradients over the ranks, clip them and step; the gradient norm before clipping."""
-    if ranks is not None:
+    """Sum the gradients over the ranks (FSDP has reduce-scattered them already), clip them and step;
+    the gradient norm before clipping (the global one)."""
+    if ranks is not None and policy.fsdp is None:
         ranks.sum_gradients(policy.model.parameters())
-    norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), policy.options.max_grad_norm))
+    norm = float(full_value(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), policy.options.max_grad_norm)))
     optimizer.step()
     return norm
 
@@ -109,29 +111,41 @@ def _idle_phase_steps(policy: Policy, phase: str, iterations: int, ranks: RankGr
 
 def _phase_steps(policy: Policy, phase: str, parts_rows: Sequence[tuple[BoundKind, list[TrainRow]]],
                  counts: BatchCounts, iterations: int, is_cap: float | None,
-                 ranks: RankGroup | None = None) -> dict[str, float]:
-    """``iterations`` optimizer steps of ``phase`` on its rows (one forward pass per step for all)."""
+                 ranks: RankGroup | None = None, needs_reference: bool = False) -> dict[str, float]:
+    """``iterations`` optimizer steps of ``phase`` on its rows (one forward pass per step for all).
+
+    ``needs_reference``: some kind of the phase, on some rank, takes the KL term. Under FSDP every rank
+    makes the same forwards and backwards: a rank without rows runs a one-token dummy row with a zero
+    loss, and the reference is one forward for the phase whenever it is needed anywhere."""
     opts, dev = policy.options, policy.device
+    sharded = policy.fsdp is not None
     rows = [r for _, rs in parts_rows for r in rs]
-    if not rows:
+    if not rows and not sharded:
         assert ranks is not None and ranks.active
         return _idle_phase_steps(policy, phase, iterations, ranks)
-    width = max(max(len(r.completion_ids) for r in rows), 1)
+    prompts = [r.prompt_ids for r in rows] or [[policy.pad_id]]
+    completions = [r.completion_ids for r in rows] or [[policy.pad_id]]
+    width = max(max(len(c) for c in completions), 1)
     parts, start = [], 0
     for kind, rs in parts_rows:
-        parts.append(_Part(kind, rs, start, width, dev))
-        start += len(rs)
-    for p in parts:
-        if p.kind.term.uses_kl and opts.beta > 0:
-            p.ref = policy.logprobs([r.prompt_ids for r in p.rows], [r.completion_ids for r in p.rows], width,
-                                    reference=True)
+        if rs:
+            parts.append(_Part(kind, rs, start, width, dev))
+            start += len(rs)
+    kl = [p for p in parts if p.kind.term.uses_kl] if opts.beta > 0 else []
+    if kl or (sharded and needs_reference and opts.beta > 0):
+        kl_rows = [r for p in kl for r in p.rows]
+        ref = policy.logprobs([r.prompt_ids for r in kl_rows] or [[policy.pad_id]],
+                              [r.completion_ids for r in kl_rows] or [[policy.pad_id]], width, reference=True)
+        at = 0
+        for p in kl:
+            p.ref, at = ref[at:at + len(p.rows)], at + len(p.rows)
     optimizer = policy.optimizer_for(phase)
     prefix = "" if phase == POLICY_PHASE else f"{phase}_"
     stats: dict[str, float] = {}
     steps = 0
     for it in range(iterations):
         optimizer.zero_grad(set_to_none=True)
-        lp_all = policy.logprobs([r.prompt_ids for r in rows], [r.completion_ids for r in rows], width)
+        lp_all = policy.logprobs(prompts, completions, width)
         total = torch.zeros((), device=dev)
         pg_total = torch.zeros((), device=dev)
         for p in parts:
@@ -157,9 +171,11 @@ def _phase_steps(policy: Policy, phase: str, parts_rows: Sequence[tuple[BoundKin
             if term.reduction == "policy_gradient":
                 pg_total = pg_total + share.detach()
             stats.update({_stat_key(p.kind.name, k): v for k, v in t_stats.items()})
+        if sharded:  # FSDP reduce-scatters in the backward: every rank runs it, with or without a loss
+            (total + lp_all.sum() * 0.0).backward()
         if not _goes_on(ranks, total.requires_grad):
             break  # nothing to train here (on any rank)
-        if total.requires_grad:
+        if total.requires_grad and not sharded:
             total.backward()
         stats[prefix + "grad_norm"] = _optimizer_step(policy, optimizer, ranks)
         steps += 1
@@ -201,7 +217,8 @@ def train_on_batch(policy: Policy, batch: TrainBatch, *, is_cap: float | None = 
     total_steps = 0
     for phase in order:
         iterations = policy.options.num_iterations if phase == POLICY_PHASE else 1
-        out = _phase_steps(policy, phase, phases[phase], counts, iterations, is_cap, ranks)
+        needs_reference = any(k.term.uses_kl for k in batch.kinds.values() if k.phase == phase)
+        out = _phase_steps(policy, phase, phases[phase], counts, iterations, is_cap, ranks, needs_reference)
         prefix = "" if phase == POLICY_PHASE else f"{phase}_"
         total_steps += int(out.pop(prefix + "optimizer_steps"))
         stats.update(out)

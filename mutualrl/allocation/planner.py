@@ -267,13 +267,16 @@ def _ranked_gpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], gpu
         n = counts[j]
         pol = cfg.policies[i]
         full = model_memory_gb(costs.effective_params(i), cfg.policy_grpo(i).beta)
+        if pol.fsdp and n > 1:  # the training state sharded over the ranks, beside the sampler's full copy
+            full = costs.effective_params(i) * 4 / 2**30 + full / n
         need = full if pol.peft is None else costs.effective_params(i) * 4 / 2**30
         have = min(g.memory_gb for g in order[first:first + n])
         if have and need > have:
             raise ConfigError(f"policies[{i}]", f"{pol.name} needs about {need:.0f} GiB on each of its ranks "
-                              f"(every rank holds the whole model: fp32 weights{', gradients and AdamW moments' if pol.peft is None else ''}); "
-                              f"its GPUs have {have:.0f} GiB. Train a LoRA adapter (peft), or a smaller model: "
-                              "sharding the model over its ranks (FSDP) is not available yet")
+                              f"({'its sampler copy and its share of the sharded training state' if pol.fsdp else 'every rank holds the whole model: fp32 weights'}"
+                              f"{', gradients and AdamW moments' if pol.peft is None and not pol.fsdp else ''}); "
+                              f"its GPUs have {have:.0f} GiB. Train a LoRA adapter (peft), shard the training state "
+                              "over more ranks (fsdp: true, more workers), or use a smaller model")
         r, u = costs.core_seconds(i)
         ar = comm(j, n)
         out.append(Placement(i, cfg.policies[i].name, costs.effective_params(i), cores / len(idx),

@@ -132,7 +132,7 @@ class VLLMEngine:
     # ------------------------------------------------------------------ weights
     def _named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The trainer's weights under their checkpoint names (LoRA: adapted layers, merged)."""
-        model = self.policy.model
+        model = self.policy.sampler_model
         if not self.policy.lora:
             for name, t in model.state_dict().items():
                 yield name, t.detach()
