@@ -264,7 +264,7 @@ def save_policy_state(directory: str | os.PathLike[str], policy: Any, extra: dic
     fsdp = getattr(policy, "fsdp", None)
     if fsdp is not None:  # collectives: every rank, the same order
         fsdp.gather()
-    optim = {phase: fsdp.full_optimizer_state(opt) if fsdp is not None else opt.state_dict()
+    optim = {phase: fsdp.full_optimizer_state(opt, keep=rank == 0) if fsdp is not None else opt.state_dict()
              for phase, opt in policy.optimizers.items()}
     if rank == 0:
         if world > 1:
@@ -302,7 +302,7 @@ def load_policy_state(directory: str | os.PathLike[str], policy: Any, rank: int 
         if not path.is_file():
             raise CheckpointError(f"{path}: missing: the checkpoint holds no state of optimizer phase {phase!r} "
                                   "(was it written by a run with another sharing strategy?)")
-        sd = torch.load(path, weights_only=True)
+        sd = torch.load(path, weights_only=True, map_location="cpu" if fsdp is not None else None)
         opt.load_state_dict(fsdp.local_optimizer_state(opt, sd) if fsdp is not None else sd)
     rng = torch.load(d / rank_file(RNG_FILE, rank), weights_only=True)
     policy.generator.set_state(rng["generator"])

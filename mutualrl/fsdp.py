@@ -22,7 +22,9 @@ What is sharded and how the step stays the one a single worker takes:
   sample its own prompts for as long as they take, with no collective inside generation. The price
   is one full copy of the weights per rank beside the shards of weights, gradients and both AdamW
   moments: about ``1 + 4 / N`` copies of the weights per rank instead of ``4`` (fp32, full
-  fine-tuning), or the model plus the adapter's shards under LoRA.
+  fine-tuning); under LoRA the full copy, ``1 / N`` of the base weights and the adapter's shards.
+  Before sharding a rank briefly holds the model, its copy (and a KL reference): 8-12 bytes a
+  parameter at start-up, which the planner does not count yet.
 - **Checkpoints** are gathered state dicts, in the format one worker writes (``model.safetensors`` of
   the full weights, ``optimizer.pt`` keyed like ``torch.optim.Optimizer.state_dict``): rank 0 writes
   the full copy and the gathered optimizer states; on resume every rank reads them and keeps its
@@ -39,8 +41,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+
+try:  # public from torch 2.6; the package accepts older torch, which runs everything but fsdp: true
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.tensor import DTensor, distribute_tensor
+except ImportError:  # pragma: no cover - torch < 2.6
+    FSDPModule = fully_shard = DTensor = distribute_tensor = None  # type: ignore[assignment,misc]
 
 
 class LogprobRoot(torch.nn.Module):
@@ -72,6 +78,8 @@ def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 def shard_module(model: torch.nn.Module, fn: Callable[..., torch.Tensor]) -> LogprobRoot:
     """Shard ``model`` in place (each decoder block a unit) under a :class:`LogprobRoot` running ``fn``;
     gradients are summed over the ranks, not averaged."""
+    if fully_shard is None:
+        raise RuntimeError(f"fsdp: true needs torch >= 2.6 (FSDP2's fully_shard); this is torch {torch.__version__}")
     for block in decoder_blocks(model):
         fully_shard(block)
     root = LogprobRoot(model, fn)
@@ -79,13 +87,14 @@ def shard_module(model: torch.nn.Module, fn: Callable[..., torch.Tensor]) -> Log
     for m in root.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
-            m.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
+            if hasattr(m, "set_force_sum_reduction_for_comms"):  # a plain SUM (gloo has no pre-multiplied sum)
+                m.set_force_sum_reduction_for_comms(True)
     return root
 
 
 def full_value(t: Any) -> Any:
     """A DTensor's full value (a collective: every rank calls it), anything else as it is."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    return t.full_tensor() if hasattr(t, "full_tensor") and hasattr(t, "device_mesh") else t
 
 
 class ShardedWeights:
@@ -127,17 +136,23 @@ class ShardedWeights:
     @torch.no_grad()
     def scatter(self) -> None:
         """Take each rank's shard of the trainable weights from :attr:`full` (after a checkpoint was
-        loaded into it); no communication."""
+        loaded into it); no communication. Writes through ``to_local()``: right only while the units are
+        resharded (between steps, where checkpoints load)."""
         for sharded, full in self._pairs:
             local = distribute_tensor(full.detach().to(sharded.device), sharded.device_mesh, sharded.placements,
                                       src_data_rank=None)
             sharded.to_local().copy_(local.to_local())
 
-    def full_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """``optimizer.state_dict()`` with every sharded state gathered (every rank calls it)."""
+    def full_optimizer_state(self, optimizer: torch.optim.Optimizer, keep: bool = True) -> dict[str, Any] | None:
+        """``optimizer.state_dict()`` with every sharded state gathered, on the CPU (every rank calls it:
+        the gathers are collectives; only a rank with ``keep`` holds the result, the others get None)."""
         sd = optimizer.state_dict()
-        state = {i: {k: full_value(v) for k, v in s.items()} for i, s in sorted(sd["state"].items())}
-        return {"state": state, "param_groups": sd["param_groups"]}
+        state = {}
+        for i, s in sorted(sd["state"].items()):
+            full = {k: full_value(v) for k, v in s.items()}
+            if keep:  # one tensor at a time off the device
+                state[i] = {k: v.cpu() if torch.is_tensor(v) else v for k, v in full.items()}
+        return {"state": state, "param_groups": sd["param_groups"]} if keep else None
 
     def local_optimizer_state(self, optimizer: torch.optim.Optimizer, sd: dict[str, Any]) -> dict[str, Any]:
         """A gathered optimizer state (:meth:`full_optimizer_state`, read back) cut to this rank's shards."""
@@ -145,7 +160,7 @@ class ShardedWeights:
         state = {}
         for i, s in sd["state"].items():
             p = params[int(i)]
-            state[i] = {k: (distribute_tensor(v.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+            state[i] = {k: (distribute_tensor(v, p.device_mesh, p.placements, src_data_rank=None)
                             if isinstance(p, DTensor) and torch.is_tensor(v) and v.shape == p.shape else v)
                         for k, v in s.items()}
         return {"state": state, "param_groups": sd["param_groups"]}

@@ -204,8 +204,11 @@ class Policy:
         self.fsdp = ShardedWeights(self.model, self._plain_forward, self.ref_model)
         self.sampler_model = self.fsdp.full
         self.optimizers = {POLICY_PHASE: self._adamw(self.options.learning_rate)}
-        self.engine.close()
-        self.engine = self._make_engine()
+        if isinstance(self.engine, HFEngine):  # the HF loop reads the model it was built on: the copy now
+            self.engine.close()
+            self.engine = self._make_engine()
+        else:  # vLLM reads sampler_model at every sync (a second engine in one process may not fit)
+            self.engine.sync_weights()
 
     @property
     def full_weights(self) -> torch.nn.Module:

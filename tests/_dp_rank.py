@@ -68,6 +68,7 @@ def main() -> None:
         ranks.broadcast_parameters(pol.model)
         if os.environ.get("DP_FSDP") == "1" and ranks.active:
             pol.shard()
+            assert all(hasattr(p, "device_mesh") for p in pol.model.parameters()), "not sharded"
         for phase, lr in parse_strategy(strategy).optimizer_phases(settings).items():
             pol.add_optimizer(phase, lr)
         return pol
