@@ -3,7 +3,8 @@ RENDEZVOUS OUT`` trains a tiny policy on its share (prompts ``rank::world``) of 
 writes its trainable weights to OUT (``torch.save`` of one flat tensor). ``WORLD`` 1 is the
 single-worker reference; RENDEZVOUS ``-`` when there is none. ``DP_FSDP=1`` shards the policy over the
 ranks (FSDP2); ``DP_LORA=1`` trains a LoRA adapter, ``DP_CHECKPOINTING=1`` with gradient checkpointing,
-``DP_BETA`` sets the KL weight; ``DP_RESUME=1`` saves the policy's state after the first update, loads
+``DP_BETA`` sets the KL weight, ``DP_IDLE_RANK1=1`` leaves rank 1's prompts without rows (it joins
+every phase, the KL reference included, with dummy rows); ``DP_RESUME=1`` saves the policy's state after the first update, loads
 it into a fresh policy and takes the second update there (a checkpoint must resume the optimizer)."""
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def fixed_batch(strategy: str, vocab: int, settings: dict) -> tuple[list[list[Tr
     for p in range(PROMPTS):
         prompt = torch.randint(3, vocab, (5 + p % 3,), generator=gen).tolist()
         rows = []
-        for j in range(G):
+        idle = os.environ.get("DP_IDLE_RANK1") == "1" and p % 2 == 1  # rank 1's prompts: no row at all
+        for j in range(0 if idle else G):
             n = 2 + int(torch.randint(0, 5, (1,), generator=gen))
             ids = torch.randint(3, vocab, (n,), generator=gen).tolist()
             adv = float(torch.randn((), generator=gen))
