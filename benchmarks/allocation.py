@@ -77,9 +77,9 @@ def build_models(root: Path) -> dict[str, Path]:
 
 
 def run_config(models: list[Path], exchange: str, quick: bool) -> Any:
-    from mutualrl.resolve import load_config
+    from mutualrl.resolve import resolve
 
-    return load_config({
+    return resolve({
         "policies": [{"name": f"p{i}", "model": str(m)} for i, m in enumerate(models)],
         "task": {"preset": "zoo", "test_size": 20},
         "grpo": {"num_generations": 8, "max_completion_length": 8, "dynamic_sampling": "off"},
@@ -88,12 +88,24 @@ def run_config(models: list[Path], exchange: str, quick: bool) -> Any:
     }, check_paths=False)
 
 
-def step(sched: Any, s: int) -> tuple[float, list[float]]:
-    """One training step on ``sched``: (wall seconds, per-worker busy seconds)."""
+def started(sched: Any, plan: Any) -> Any:
+    """``sched`` with the workers of ``plan`` placed and started (the trainer's placement step)."""
+    from mutualrl.allocation.run_placement import launch
+
+    return launch(sched, plan, None)
+
+
+def step(placed: Any, s: int) -> tuple[float, list[float]]:
+    """One training step of a placed run (as the trainer takes it: MWRA observes both phases and may
+    re-plan after the update): (wall seconds, per-worker busy seconds)."""
     t0 = time.perf_counter()
-    roll = sched.call("rollout", s)
-    upd = sched.call("update", s)
+    roll = placed.scheduler.call("rollout", s)
+    upd = placed.scheduler.call("update", s)
     wall = time.perf_counter() - t0
+    for i, (r, u) in enumerate(zip(roll, upd, strict=True)):
+        placed.observe(i, "rollout", r)
+        placed.observe(i, "update", u)
+    placed.after_update(s)
     return wall, [r["rollout_s"] + u["update_s"] for r, u in zip(roll, upd, strict=True)]
 
 
@@ -134,11 +146,9 @@ def measure_pair(models: dict[str, Path], scratch: Path, steps: int, warmup: int
     cores = len(os.sched_getaffinity(0))
     try:
         seq = SequentialScheduler(threads=cores)
-        seq.start(run_config(pair, f"sqlite:///{scratch / 'seq.db'}", False), None)
-        scheds["sequential"] = seq
+        scheds["sequential"] = started(seq, run_config(pair, f"sqlite:///{scratch / 'seq.db'}", False))
         loc = LocalScheduler(verbose=False)
-        loc.start(run_config(pair, f"sqlite:///{scratch / 'local.db'}", False), None)
-        scheds["local"] = loc
+        scheds["local"] = started(loc, run_config(pair, f"sqlite:///{scratch / 'local.db'}", False))
         if with_ray:
             import ray
 
@@ -146,19 +156,18 @@ def measure_pair(models: dict[str, Path], scratch: Path, steps: int, warmup: int
 
             ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False)
             ray_s = RayScheduler(verbose=False)
-            ray_s.start(run_config(pair, f"sqlite:///{scratch / 'ray.db'}", False), None)
-            scheds["ray"] = ray_s
+            scheds["ray"] = started(ray_s, run_config(pair, f"sqlite:///{scratch / 'ray.db'}", False))
         res = alternate(scheds, steps, warmup)
     finally:
-        for sch in scheds.values():
-            sch.close()
+        for placed in scheds.values():
+            placed.scheduler.close()
         if with_ray:
             import ray
 
             ray.shutdown()
     med = {k: statistics.median(v["wall"]) for k, v in res.items()}
     out = {"step_s": med, "process_speedup": med["sequential"] / med["local"],
-           "threads": {"local": loc.allocation.threads() if loc.allocation else None}}
+           "threads": {"local": scheds["local"].allocation.threads()}}
     if with_ray:
         out["ray_overhead"] = med["ray"] / med["local"]
     return out
@@ -174,30 +183,29 @@ def measure_balance(models: dict[str, Path], scratch: Path, steps: int, warmup: 
     scheds: dict[str, Any] = {}
     try:
         cfg_n = run_config(pair, f"sqlite:///{scratch / 'naive.db'}", False)
-        naive = LocalScheduler(allocation=plan_equal(cfg_n, res_), verbose=False)
-        naive.start(cfg_n, None)
-        scheds["naive"] = naive
+        naive = LocalScheduler(allocation=plan_equal(cfg_n.config, res_), verbose=False)
+        scheds["naive"] = started(naive, cfg_n)
         planned = LocalScheduler(verbose=True)
-        planned.start(run_config(pair, f"sqlite:///{scratch / 'planned.db'}", False), None)
-        scheds["planned"] = planned
+        scheds["planned"] = started(planned, run_config(pair, f"sqlite:///{scratch / 'planned.db'}", False))
         res = alternate(scheds, steps, warmup)
     finally:
-        for sch in scheds.values():
-            sch.close()
+        for placed in scheds.values():
+            placed.scheduler.close()
 
     def imbalance(busy: list[list[float]]) -> float:
         return statistics.median(max(b) / min(b) for b in busy)
 
     # single-core cost ratio, from the equal split (one thread each)
     cost_ratio = statistics.median(b[0] / b[1] for b in res["naive"]["busy"])
-    alloc = planned.allocation
+    planned_at = scheds["planned"]
+    alloc = planned_at.allocation
     return {"imbalance_naive": imbalance(res["naive"]["busy"]), "imbalance_planned": imbalance(res["planned"]["busy"]),
             "cost_ratio": cost_ratio,
             "step_s": {k: statistics.median(v["wall"]) for k, v in res.items()},
             "busy_s": {k: [statistics.median(b[i] for b in v["busy"]) for i in range(2)] for k, v in res.items()},
             "planned_threads": alloc.threads() if alloc else None,
             "planned_nice": [p.nice for p in alloc.placements] if alloc else None,
-            "replans": len(planned.plan.history) - 1 if planned.plan else 0}
+            "replans": len(planned_at.mwra.history) - 1}
 
 
 def measure_k(models: dict[str, Path], scratch: Path, steps: int, warmup: int, ks: list[int]) -> dict[str, float]:
@@ -208,8 +216,8 @@ def measure_k(models: dict[str, Path], scratch: Path, steps: int, warmup: int, k
     for k in ks:
         sch = LocalScheduler(verbose=False)
         try:
-            sch.start(run_config([models["medium"]] * k, f"sqlite:///{scratch / f'k{k}.db'}", False), None)
-            res = alternate({"local": sch}, steps, warmup)
+            res = alternate({"local": started(sch, run_config([models["medium"]] * k,
+                                                              f"sqlite:///{scratch / f'k{k}.db'}", False))}, steps, warmup)
         finally:
             sch.close()
         out[str(k)] = statistics.median(res["local"]["wall"])

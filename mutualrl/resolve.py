@@ -117,6 +117,10 @@ class RunPlan:
                 return w
         raise KeyError(f"no worker for policy {index} rank {rank}")
 
+    def unplaced(self) -> RunPlan:
+        """The same plan before any placement (one spec per rank the config fixes), to place again."""
+        return self if not self.placed else dataclasses.replace(plan_of(self.config), data_read=self.data_read)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (for a worker process or actor): the config and the placements."""
         return {"config": self.config.to_dict(), "placed": self.placed,

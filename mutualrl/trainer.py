@@ -22,6 +22,7 @@ import yaml
 
 from mutualrl.algorithms.sharing import parse_strategy
 from mutualrl.allocation import Scheduler, WorkerFailed, make_scheduler
+from mutualrl.allocation.run_placement import RunPlacement, launch
 from mutualrl.checkpoint import (
     CHECKPOINTS,
     LATEST,
@@ -41,7 +42,7 @@ from mutualrl.resolve import RunPlan, resolve, run_config
 from mutualrl.resume import check_resumable, record_resume
 from mutualrl.tasks.attach import attach
 from mutualrl.tracking import Tracker, open_trackers, scalars
-from mutualrl.worker_api import WorkerAPI
+from mutualrl.worker_api import WorkerAPI, remote_name
 
 __all__ = ["CHECKPOINTS", "LATEST", "MutualTrainer", "latest_checkpoint"]
 
@@ -96,6 +97,8 @@ class MutualTrainer:
         self._trackers: list[Tracker] = []
         self._created_run_dir = False
         self._resume_changes: dict[str, tuple[Any, Any]] = {}
+        self.placement: RunPlacement | None = None
+        """The placed plan, MWRA's state and the scheduler realising it (from :meth:`train` on)."""
         self._prepare_run_dir()
 
     # ------------------------------------------------------------------ run directory
@@ -247,12 +250,12 @@ class MutualTrainer:
         t_start = time.perf_counter()
         if self.run_dir is not None and not self.resume:
             self._init_files()
-        try:
-            infos = self.scheduler.start(self.plan, self.run_dir)
+        try:  # the one placement step: plan, place, start the workers of the placed plan
+            self.placement = launch(self.scheduler, self.plan, self.run_dir)
         except BaseException:
-            self.scheduler.close()
             self._undo_init_files()
             raise
+        infos = self.placement.infos
         try:
             if self.run_dir is not None and self.resume:
                 self._restore()
@@ -278,6 +281,8 @@ class MutualTrainer:
                                   f"{self.run_dir}") from exc
         finally:
             self.scheduler.close()
+            if self.placement is not None:
+                self.placement.close()
             for t in self._trackers:
                 t.close()
         summary = self.summary(time.perf_counter() - t_start)
@@ -304,6 +309,16 @@ class MutualTrainer:
         if self.run_dir is not None and (nxt % self.cfg.checkpoint_every == 0 or nxt == self.cfg.steps):
             self.save_checkpoint(nxt)
 
+    def _observed(self, method: Any, results: list[Any]) -> list[Any]:
+        """``results`` of ``method`` on every policy, folded into MWRA's calibration."""
+        for i, r in enumerate(results):
+            self._observe(i, remote_name(method), r)
+        return results
+
+    def _observe(self, index: int, method: str, result: Any) -> None:
+        if self.placement is not None:  # None: a loop driven without train() (tests)
+            self.placement.observe(index, method, result)
+
     def _loop_sync(self, bar: Any) -> None:
         """A barrier per phase: every policy rolls out, then every policy updates."""
         cfg = self.cfg
@@ -311,10 +326,12 @@ class MutualTrainer:
             if step % cfg.eval_every == 0:
                 bar.set_eval(self.evaluate(step))
             t0 = time.perf_counter()
-            roll = self.scheduler.call(WorkerAPI.rollout, step)
+            roll = self._observed(WorkerAPI.rollout, self.scheduler.call(WorkerAPI.rollout, step))
             t1 = time.perf_counter()
-            upd = self.scheduler.call(WorkerAPI.update, step)
+            upd = self._observed(WorkerAPI.update, self.scheduler.call(WorkerAPI.update, step))
             t2 = time.perf_counter()
+            if self.placement is not None:
+                self.placement.after_update(step)
             rows = [{"step": step, "policy": p.name, **r, **u, "step_rollout_s": t1 - t0, "step_update_s": t2 - t1,
                      "step_s": t2 - t0} for p, r, u in zip(cfg.policies, roll, upd, strict=True)]
             self._step_done(step, rows, bar)
@@ -367,6 +384,7 @@ class MutualTrainer:
             if not any(p in ("rollout", "update") for p in phase):
                 break
             i, res = sch.collect(cfg.step_timeout_s)
+            self._observe(i, "rollout" if phase[i] == "rollout" else "update", res)
             s = done[i]
             now = time.perf_counter()
             if phase[i] == "rollout":

@@ -11,6 +11,7 @@ import pytest
 
 from mutualrl.allocation import WorkerFailed
 from mutualrl.allocation.local import LocalScheduler
+from mutualrl.allocation.run_placement import launch
 from mutualrl.resolve import load_config, resolve
 from mutualrl.trainer import MutualTrainer
 from mutualrl.worker_api import remote_name
@@ -36,7 +37,7 @@ def test_two_policy_run_in_processes_writes_its_plan(tiny_config, tmp_path):
 def test_killed_and_hung_workers_raise_worker_failed(tiny_config):
     sched = LocalScheduler(verbose=False)
     try:
-        sched.start(resolve(_config(tiny_config, step_timeout_s=3.0)), None)
+        launch(sched, resolve(_config(tiny_config, step_timeout_s=3.0)), None)
         a, b = sched.pids()
         os.kill(a, signal.SIGSTOP)  # hangs: alive but never answers
         t0 = time.monotonic()

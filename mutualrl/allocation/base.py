@@ -9,13 +9,36 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mutualrl.worker_api import WorkerMethod, remote_name
 
 if TYPE_CHECKING:
+    from mutualrl.allocation.planner import Allocation, Resources
+    from mutualrl.config import RunConfig
     from mutualrl.resolve import RunPlan
+
+
+@dataclass(frozen=True)
+class Venue:
+    """What an opened scheduler offers the placement step (:mod:`mutualrl.allocation.run_placement`).
+
+    Attributes:
+        backend: how a worker sees its device (``sequential``, ``local`` or ``ray``; see
+            :func:`~mutualrl.allocation.placement.place`).
+        resources: what may be handed out (this machine, or the Ray cluster).
+        exchange: the exchange URL every worker opens.
+        rendezvous: ``tcp://HOST:PORT`` where the ranks of a multi-worker policy meet (None: no such policy).
+        movable: whether the scheduler can realise a re-plan of threads and CPU priority while it runs.
+    """
+
+    backend: str
+    resources: Resources
+    exchange: str
+    rendezvous: str | None = None
+    movable: bool = False
 
 
 class WorkerFailed(RuntimeError):
@@ -36,13 +59,41 @@ class WorkerFailed(RuntimeError):
 
 
 class Scheduler(ABC):
-    """Runs the policy workers of one run."""
+    """Runs the policy workers of one run: it realises a placed plan and decides nothing.
+
+    The life of a run's scheduler: :meth:`open` sets up what the workers need beside them (a Ray
+    connection, a scratch directory, the ranks' rendezvous) and says what can be placed on;
+    the placement step (:func:`~mutualrl.allocation.run_placement.launch`) plans and places;
+    :meth:`start` creates the workers of the placed plan; :meth:`realise` applies a re-planned one;
+    :meth:`close` stops everything.
+
+    ``threads`` (torch threads for every worker) and ``fixed_allocation`` (an allocation to use as
+    is), ``replan_threshold`` and ``verbose`` (print plans) are the caller's requests, read by the
+    placement step.
+    """
 
     name: str = "base"
+    threads: int | None = None
+    fixed_allocation: Allocation | None = None
+    replan_threshold: float = 1.25
+    verbose: bool = True
+
+    @abstractmethod
+    def open(self, cfg: RunConfig, run_dir: Path | None) -> Venue:
+        """Prepare what the run's workers will need beside them; what the plan may be placed on."""
 
     @abstractmethod
     def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
-        """Create the workers for ``plan`` (placing each one); return each worker's ``info()``."""
+        """Create the workers of the placed ``plan``; return each worker's ``info()``."""
+
+    def realise(self, plan: RunPlan) -> None:
+        """Apply a re-placed ``plan`` (same workers, other threads or CPU priority) to the running
+        workers. Only called when :meth:`open` said ``movable``."""
+        raise NotImplementedError(f"the {self.name} scheduler cannot move running workers")
+
+    def cpu_seconds(self, index: int) -> float | None:
+        """CPU time (all threads, all ranks) of policy ``index``'s last call, where measured."""
+        return None
 
     def call(self, method: WorkerMethod | str, *args: Any) -> list[Any]:
         """Call ``method(*args)`` (a :class:`~mutualrl.worker_api.WorkerAPI` method) on every worker,
@@ -96,21 +147,22 @@ class SequentialScheduler(Scheduler):
         self.threads = threads
         self.workers: list[Any] = []
 
+    def open(self, cfg: RunConfig, run_dir: Path | None) -> Venue:
+        from mutualrl.allocation.placement import exchange_url
+        from mutualrl.allocation.planner import Resources
+
+        return Venue("sequential", Resources.detect(), exchange_url("sequential", cfg, run_dir))
+
     def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
         import torch
 
-        from mutualrl.allocation.placement import exchange_url, place
-        from mutualrl.allocation.planner import Resources, plan_for
         from mutualrl.worker import PolicyWorker
 
-        cfg = plan.config
-        threads = self.threads or cfg.threads
-        if threads:
+        require_placed(plan, self.name)
+        threads = plan.workers[0].threads if plan.workers else None
+        if threads:  # one process: the placed threads of every worker (the same number)
             torch.set_num_threads(threads)
-        if not plan.placed:
-            plan = place(plan, plan_for(cfg, Resources.detect()), "sequential",
-                         exchange_url("sequential", cfg, run_dir), threads=threads)
-        self.workers = [PolicyWorker(plan, i, run_dir) for i in range(len(cfg.policies))]
+        self.workers = [PolicyWorker(plan, i, run_dir) for i in range(len(plan.config.policies))]
         return [w.info() for w in self.workers]
 
     def _call(self, method: str, *args: Any) -> list[Any]:
@@ -127,3 +179,10 @@ class SequentialScheduler(Scheduler):
         for w in self.workers:
             w.close()
         self.workers = []
+
+
+def require_placed(plan: RunPlan, scheduler: str) -> None:
+    """Refuse a plan no placement step has placed (a scheduler decides nothing)."""
+    if not plan.placed:
+        raise ValueError(f"the {scheduler} scheduler starts placed plans only: place it with "
+                         "mutualrl.allocation.run_placement.launch(scheduler, plan, run_dir)")

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from mutualrl.allocation.adaptive import AdaptivePlan
-from mutualrl.allocation.base import Scheduler, WorkerFailed
-from mutualrl.allocation.placement import exchange_url, place
+from mutualrl.allocation.base import Scheduler, Venue, WorkerFailed, require_placed
+from mutualrl.allocation.placement import exchange_url
 from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
+from mutualrl.config import RunConfig
 from mutualrl.distributed import lagging_rank, serve_store
 from mutualrl.resolve import RunPlan
 from mutualrl.worker_api import WorkerAPI
@@ -90,7 +90,8 @@ class LocalScheduler(Scheduler):
         self.replan_threshold = replan_threshold
         self.verbose = verbose
         self.procs: list[_Proc] = []
-        self.plan: AdaptivePlan | None = None
+        self.plan: RunPlan | None = None
+        """The placed plan being realised."""
         self.timeout = 600.0
         self.run_dir: Path | None = None
         self._scratch: Path | None = None
@@ -104,23 +105,26 @@ class LocalScheduler(Scheduler):
         self._policy_names: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
-        cfg = plan.config
+    def open(self, cfg: RunConfig, run_dir: Path | None) -> Venue:
+        """A scratch directory (the exchange file of a run without a directory) and, when a policy has
+        several ranks, the store where they meet; this machine's resources (or the given ones)."""
         self.run_dir = Path(run_dir) if run_dir is not None else None
         # starting (imports, model load) may take longer than a step on a busy machine
         self.timeout = max(float(cfg.step_timeout_s), self.start_timeout_s)
-        self.plan = AdaptivePlan(cfg, self.resources or Resources.detect(), threads=self.threads or cfg.threads,
-                                 allocation=self.fixed_allocation, replan_threshold=self.replan_threshold,
-                                 verbose=self.verbose)
-        self.plan.say(self.plan.allocation.describe())
         self._scratch = Path(tempfile.mkdtemp(prefix="mutualrl-local-"))
         rendezvous = None
         if any(p.workers != 1 for p in cfg.policies):  # the ranks of a policy meet here
             store = serve_store("127.0.0.1", self.timeout)
             self._store, rendezvous = store, f"tcp://127.0.0.1:{store.port}"
-        if not plan.placed:  # the one placement step, on the allocation the planner made
-            plan = place(plan, self.plan.allocation, "local", exchange_url("local", cfg, self.run_dir, self._scratch),
-                         rendezvous=rendezvous)
+        return Venue("local", self.resources or Resources.detect(),
+                     exchange_url("local", cfg, self.run_dir, self._scratch), rendezvous, movable=True)
+
+    def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
+        require_placed(plan, self.name)
+        cfg = plan.config
+        if self._scratch is None:
+            raise ValueError("LocalScheduler.start before open(): start it with run_placement.launch")
+        self.plan = plan
         self.layout = RankLayout.of(plan)
         self._policy_names = [p.name for p in cfg.policies]
         self._pending = PendingReplies(self.layout)
@@ -139,8 +143,6 @@ class LocalScheduler(Scheduler):
         except BaseException:
             self.close()
             raise
-        self.plan.set_params([int(info.get("params") or 0) or None for info in infos])  # type: ignore[misc]
-        self.plan.write(self.run_dir)
         return infos
 
     def _spawn(self, index: int, name: str, threads: int, log_path: Path, gpu: int | None = None) -> _Proc:
@@ -179,8 +181,6 @@ class LocalScheduler(Scheduler):
                     fh.close()  # type: ignore[union-attr]
                 except (OSError, AttributeError):
                     pass
-        if self.plan is not None:
-            self.plan.write(self.run_dir)
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
@@ -190,13 +190,7 @@ class LocalScheduler(Scheduler):
     def _call(self, method: str, *args: Any) -> list[Any]:
         for p in self.procs:
             self._send(p, method, list(args))
-        results = self.layout.merge(method, self._gather(list(range(len(self.procs)))))
-        if method in ("rollout", "update") and self.plan is not None:
-            for i, r in enumerate(results):
-                self.plan.observe(i, method, r, self.layout.total(i, self.last_cpu_s))
-            if method == "update":
-                self._replan(args[0] if args else None)
-        return results
+        return self.layout.merge(method, self._gather(list(range(len(self.procs)))))
 
     def _call_one(self, index: int, method: str, *args: Any) -> Any:
         ranks = self.layout.members[index]
@@ -220,10 +214,7 @@ class LocalScheduler(Scheduler):
             if index is None:
                 continue  # another rank of the policy is still at it
             method = self._last_method.get(worker, "")
-            result = self._pending.pop(index, method)
-            if self.plan is not None:
-                self.plan.observe(index, method, result, self.layout.total(index, self.last_cpu_s))
-            return index, result
+            return index, self._pending.pop(index, method)
 
     # ------------------------------------------------------------------ plumbing
     def _send(self, p: _Proc, method: str, args: list[Any]) -> None:
@@ -364,24 +355,23 @@ class LocalScheduler(Scheduler):
         except (OSError, subprocess.TimeoutExpired):
             pass
 
-    def _replan(self, step: int | None) -> None:
+    def realise(self, plan: RunPlan) -> None:
+        """Give each running worker the threads and CPU priority of the re-placed ``plan``."""
+        require_placed(plan, self.name)
         assert self.plan is not None
-        old = self.plan.allocation
-        new = self.plan.maybe_replan(step)
-        if new is None:
-            return
+        for old, new in zip(self.plan.workers, plan.workers, strict=True):
+            if (old.index, old.rank) != (new.index, new.rank):
+                raise ValueError("a re-placed plan must keep the running workers")
         for i in range(self.layout.policies):
-            a, b = old.placements[i], new.placements[i]
-            if a.threads != b.threads:
+            a, b = self.plan.spec(i), plan.spec(i)
+            if a.threads != b.threads and b.threads:
                 self.call_one(i, WorkerAPI.set_threads, b.threads)
             if a.nice != b.nice:
                 self._call_one(i, "__nice__", b.nice)
-        self.plan.write(self.run_dir)
+        self.plan = plan
 
-    @property
-    def allocation(self) -> Allocation | None:
-        """The allocation in force."""
-        return self.plan.allocation if self.plan is not None else None
+    def cpu_seconds(self, index: int) -> float | None:
+        return self.layout.total(index, self.last_cpu_s)
 
     def pids(self) -> list[int]:
         """OS process ids of the workers, in policy order (rank by rank within a policy)."""

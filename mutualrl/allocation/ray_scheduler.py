@@ -27,9 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mutualrl.allocation.adaptive import AdaptivePlan
-from mutualrl.allocation.base import Scheduler, WorkerFailed
-from mutualrl.allocation.placement import exchange_url, place
+from mutualrl.allocation.base import Scheduler, Venue, WorkerFailed, require_placed
+from mutualrl.allocation.placement import exchange_url
 from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
 from mutualrl.config import RunConfig
@@ -118,7 +117,7 @@ class RayScheduler(Scheduler):
         self.groups: list[Any] = []
         self.names: list[str] = []
         self.node_ids: list[str] = []
-        self.plan: AdaptivePlan | None = None
+        self.resources: Resources | None = None
         self.timeout = 600.0
         self.run_dir: Path | None = None
         self.exchange_url = ""
@@ -134,28 +133,32 @@ class RayScheduler(Scheduler):
         self._policy_names: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
+    def open(self, cfg: RunConfig, run_dir: Path | None) -> Venue:
+        """Connect to Ray (or start a local cluster); the run's exchange (a ``ray://`` store of its
+        own on a cluster of several nodes) and the ranks' rendezvous at the driver; the cluster's
+        resources. Ray bundles are fixed once placed: MWRA calibrates and reports, nothing moves."""
         ray = _import_ray()
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         self._started_ray = connect_ray()
-        cfg = plan.config
         self.timeout = float(cfg.step_timeout_s)
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
-        resources = Resources.from_ray()
-        self.plan = AdaptivePlan(cfg, resources, threads=self.threads or cfg.threads,
-                                 allocation=self.fixed_allocation, verbose=self.verbose)
-        self.plan.fixed = True  # Ray bundles are fixed once placed: calibrate, report, do not move
-        self.plan.say(self.plan.allocation.describe())
-        self.exchange_url = self._exchange(cfg, resources)
+        self.resources = Resources.from_ray()
+        self.exchange_url = self._exchange(cfg, self.resources)
         rendezvous = None
         if any(p.workers != 1 for p in cfg.policies):  # the ranks of a policy meet at the driver
             host = ray.util.get_node_ip_address()
             self._store = serve_store(host, self.timeout)
             rendezvous = f"tcp://{host}:{self._store.port}"
-        if not plan.placed:  # the one placement step, on the allocation the planner made
-            plan = place(plan, self.plan.allocation, "ray", self.exchange_url, rendezvous=rendezvous)
+        return Venue("ray", self.resources, self.exchange_url, rendezvous, movable=False)
+
+    def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
+        ray = _import_ray()
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        require_placed(plan, self.name)
+        if self.resources is None:
+            raise ValueError("RayScheduler.start before open(): start it with run_placement.launch")
+        cfg, resources = plan.config, self.resources
         self.layout = RankLayout.of(plan)
         self._policy_names = [p.name for p in cfg.policies]
         self._pending = PendingReplies(self.layout)
@@ -192,8 +195,6 @@ class RayScheduler(Scheduler):
             raise
         for info, ws in zip(infos, self.layout.members, strict=True):
             info.update(json.loads(wheres[ws[0]]))
-        self.plan.set_params([int(info.get("params") or 0) or None for info in infos])  # type: ignore[misc]
-        self.plan.write(self.run_dir)
         return infos
 
     def _exchange(self, cfg: RunConfig, resources: Resources) -> str:
@@ -239,8 +240,6 @@ class RayScheduler(Scheduler):
             except Exception:  # noqa: BLE001, S110 - best effort at shutdown
                 pass
             self._driver_exchange = None
-        if self.plan is not None:
-            self.plan.write(self.run_dir)
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
@@ -251,11 +250,7 @@ class RayScheduler(Scheduler):
     # ------------------------------------------------------------------ calls
     def _call(self, method: str, *args: Any) -> list[Any]:
         refs = [a.call.remote(method, json.dumps(list(args))) for a in self.actors]
-        results = self.layout.merge(method, self._gather(refs, method))
-        if method in ("rollout", "update") and self.plan is not None:
-            for i, r in enumerate(results):
-                self.plan.observe(i, method, r, self.layout.total(i, self.last_cpu_s))
-        return results
+        return self.layout.merge(method, self._gather(refs, method))
 
     def _call_one(self, index: int, method: str, *args: Any) -> Any:
         ranks = self.layout.members[index]
@@ -288,10 +283,7 @@ class RayScheduler(Scheduler):
             index = self._pending.add(w, self._get(w, ready[0], method))
             if index is None:
                 continue  # another rank of the policy is still at it
-            result = self._pending.pop(index, method)
-            if self.plan is not None:
-                self.plan.observe(index, method, result, self.layout.total(index, self.last_cpu_s))
-            return index, result
+            return index, self._pending.pop(index, method)
 
     def _get(self, i: int, ref: Any, method: str, raw: bool = False) -> Any:
         ray = _import_ray()
@@ -357,7 +349,5 @@ class RayScheduler(Scheduler):
                 out[where[r]] = self._get(where[r], r, method, raw)
         return [out[i] for i in idx]
 
-    @property
-    def allocation(self) -> Allocation | None:
-        """The allocation in force."""
-        return self.plan.allocation if self.plan is not None else None
+    def cpu_seconds(self, index: int) -> float | None:
+        return self.layout.total(index, self.last_cpu_s)

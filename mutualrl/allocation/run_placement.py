@@ -1,0 +1,107 @@
+"""The one placement step of a run, and its re-plans: MWRA decides, the scheduler realises.
+
+:func:`launch` opens the scheduler (which says what can be placed on: a :class:`~mutualrl.allocation.base.Venue`),
+plans the workers (:class:`~mutualrl.allocation.adaptive.AdaptivePlan`, or the scheduler's fixed
+allocation), places the plan (:func:`~mutualrl.allocation.placement.place`: every worker's device,
+threads, GPU share, exchange URL and rendezvous) and starts the workers of that placed plan. During
+the run the trainer folds each policy's step metrics into the calibration (:meth:`RunPlacement.observe`)
+and, after each update, asks for a re-plan (:meth:`RunPlacement.after_update`): a better allocation is
+placed again by the same function and handed to the scheduler to realise. The placed plan is immutable;
+a re-plan is a new one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mutualrl.allocation.adaptive import AdaptivePlan
+from mutualrl.allocation.base import Scheduler, Venue
+from mutualrl.allocation.placement import place
+from mutualrl.allocation.planner import Allocation, plan_for
+from mutualrl.resolve import RunPlan
+
+
+class RunPlacement:
+    """A run's placed plan, the MWRA state it came from and the scheduler realising it.
+
+    Attributes:
+        plan: the placed :class:`~mutualrl.resolve.RunPlan` in force.
+        mwra: the allocation, its calibration and its history (``allocation.json``).
+        venue: what the scheduler offered.
+        infos: each started worker's ``info()``.
+    """
+
+    def __init__(self, scheduler: Scheduler, plan: RunPlan, venue: Venue, mwra: AdaptivePlan,
+                 run_dir: Path | None) -> None:
+        self.scheduler = scheduler
+        self.venue = venue
+        self.mwra = mwra
+        self.run_dir = run_dir
+        self.threads = scheduler.threads or plan.config.threads
+        self.plan = self._place(plan, mwra.allocation)
+        self.infos: list[dict[str, Any]] = []
+
+    @property
+    def allocation(self) -> Allocation:
+        """The allocation in force."""
+        return self.mwra.allocation
+
+    def _place(self, plan: RunPlan, allocation: Allocation) -> RunPlan:
+        v = self.venue
+        return place(plan, allocation, v.backend, v.exchange, threads=self.threads, rendezvous=v.rendezvous)
+
+    def start(self) -> list[dict[str, Any]]:
+        """Start the workers of the placed plan; record their parameter counts and the plan."""
+        self.infos = self.scheduler.start(self.plan, self.run_dir)
+        self.mwra.set_params([int(info.get("params") or 0) or None for info in self.infos])  # type: ignore[misc]
+        self.mwra.write(self.run_dir)
+        return self.infos
+
+    def observe(self, index: int, method: str, result: Any) -> None:
+        """Fold policy ``index``'s ``rollout``/``update`` result (and its measured CPU time) into MWRA."""
+        if method in ("rollout", "update"):
+            self.mwra.observe(index, method, result, self.scheduler.cpu_seconds(index))
+
+    def after_update(self, step: int | None) -> RunPlan | None:
+        """Re-plan when the calibration shows imbalance and the scheduler can move workers: the newly
+        placed plan (already realised), else None."""
+        if not self.venue.movable:
+            return None
+        new = self.mwra.maybe_replan(step)
+        if new is None:
+            return None
+        self.plan = self._place(self.plan.unplaced(), new)
+        self.scheduler.realise(self.plan)
+        self.mwra.write(self.run_dir)
+        return self.plan
+
+    def close(self) -> None:
+        """Write the plan history one last time."""
+        self.mwra.write(self.run_dir)
+
+
+def launch(scheduler: Scheduler, plan: RunPlan, run_dir: str | Path | None, *, start: bool = True) -> RunPlacement:
+    """The placement step: open ``scheduler``, plan and place ``plan`` on what it offers (with the
+    scheduler's requests: ``threads``, ``fixed_allocation``, ``replan_threshold``, ``verbose``), start
+    the workers (unless ``start`` is False). A failure closes the scheduler and re-raises."""
+    rd = Path(run_dir) if run_dir is not None else None
+    cfg = plan.config
+    try:
+        venue = scheduler.open(cfg, rd)
+        allocation = scheduler.fixed_allocation
+        if allocation is None and venue.backend == "sequential":  # one process: nothing to balance
+            allocation = plan_for(cfg, venue.resources)
+        mwra = AdaptivePlan(cfg, venue.resources, threads=scheduler.threads or cfg.threads, allocation=allocation,
+                            replan_threshold=scheduler.replan_threshold,
+                            verbose=scheduler.verbose and venue.backend != "sequential")
+        mwra.fixed = mwra.fixed or not venue.movable
+        if venue.backend != "sequential":
+            mwra.say(mwra.allocation.describe())
+        placed = RunPlacement(scheduler, plan.unplaced(), venue, mwra, rd)
+        if start:
+            placed.start()
+    except BaseException:
+        scheduler.close()
+        raise
+    return placed
