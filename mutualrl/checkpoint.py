@@ -84,6 +84,18 @@ def fsync_tree(root: str | os.PathLike[str]) -> None:
         fsync_dir(dirpath)
 
 
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Move the finished directory ``tmp`` to ``final`` by rename; an existing ``final`` is moved
+    aside first and removed after (never a moment without one of them complete)."""
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
 def _manifest(root: Path) -> dict[str, int]:
     out = {}
     for p in sorted(root.rglob("*")):
@@ -352,11 +364,11 @@ class CheckpointManager:
         return latest_checkpoint(self.run_dir)
 
     def clean_partial(self) -> None:
-        """Remove leftovers of interrupted saves (``.tmp-*`` / ``.old-*`` directories)."""
+        """Remove leftovers of interrupted saves (``.tmp-*`` / ``.NAME.old-*`` directories)."""
         if not self.root.is_dir():
             return
         for d in self.root.iterdir():
-            if d.name.startswith((".tmp-", ".old-")):
+            if d.name.startswith((".tmp-", ".old-")) or (d.name.startswith(".") and ".old-" in d.name):
                 shutil.rmtree(d, ignore_errors=True)
             elif d.name.startswith(f".{LATEST}.tmp-"):
                 d.unlink(missing_ok=True)
@@ -383,13 +395,7 @@ class CheckpointManager:
             with open(tmp / TRAINER_STATE, "w", encoding="utf-8") as fh:
                 fh.write(json.dumps(full, indent=1))
             fsync_tree(tmp)
-            if final.exists():  # the same step written again (e.g. a run extended with --steps)
-                old = self.root / f".old-{name}"
-                os.replace(final, old)
-                os.replace(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, final)
+            publish_dir(tmp, final)  # an existing one: the same step written again (a run extended with --steps)
             fsync_dir(self.root)
             fault_point("checkpoint_commit")
             atomic_write_text(self.root / LATEST, name + "\n")

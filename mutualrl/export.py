@@ -47,6 +47,7 @@ from mutualrl.checkpoint import (
     fsync_dir,
     fsync_tree,
     load_module,
+    publish_dir,
     step_of,
 )
 from mutualrl.errors import UserError
@@ -223,15 +224,9 @@ def staged_directory(final: Path, *, overwrite: bool) -> Iterator[Path]:
     try:
         yield tmp
         fsync_tree(tmp)
-        if final.exists():
-            if not overwrite:
-                raise ExportError(f"{final} already exists; remove it or export with --force")
-            old = final.parent / f".{final.name}.old-{os.getpid()}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        if final.exists() and not overwrite:
+            raise ExportError(f"{final} already exists; remove it or export with --force")
+        publish_dir(tmp, final)
         fsync_dir(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

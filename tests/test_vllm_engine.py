@@ -16,7 +16,8 @@ from _stop import _Stop, _StopAfterStep2
 from mutualrl.config import GenerationConfig, GRPOOptions
 from mutualrl.engines import SamplingParams
 from mutualrl.engines.hf import HFEngine
-from mutualrl.policy import Policy, pack_right, right_mask
+from mutualrl.policy import Policy
+from mutualrl.token_tensors import pack_right, right_mask
 from mutualrl.trainer import MutualTrainer
 
 QUESTIONS = ["Calculate 54 - 23.", "Calculate 1 + 2.", "Calculate 98 + 7."]

@@ -33,7 +33,8 @@ from mutualrl.algorithms.registry import OWN, POLICY_PHASE, BoundKind
 from mutualrl.algorithms.sharing import TrainBatch, TrainRow
 from mutualrl.distributed import RankGroup
 from mutualrl.fsdp import full_value
-from mutualrl.policy import Policy, pack_right, right_mask
+from mutualrl.policy import Policy
+from mutualrl.token_tensors import pack_right, right_mask
 
 
 def mismatch_stats(logp: torch.Tensor, behavior: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -92,10 +93,14 @@ def _optimizer_step(policy: Policy, optimizer: torch.optim.Optimizer, ranks: Ran
     return norm
 
 
+def _phase(policy: Policy, phase: str) -> tuple[torch.optim.Optimizer, str]:
+    """The optimizer of ``phase`` and the prefix of its metric names."""
+    return policy.optimizer_for(phase), "" if phase == POLICY_PHASE else f"{phase}_"
+
+
 def _idle_phase_steps(policy: Policy, phase: str, iterations: int, ranks: RankGroup) -> dict[str, float]:
     """A rank without rows of ``phase`` takes part in its optimizer steps with a zero gradient."""
-    optimizer = policy.optimizer_for(phase)
-    prefix = "" if phase == POLICY_PHASE else f"{phase}_"
+    optimizer, prefix = _phase(policy, phase)
     stats: dict[str, float] = {}
     steps = 0
     for _ in range(iterations):
@@ -139,8 +144,7 @@ def _phase_steps(policy: Policy, phase: str, parts_rows: Sequence[tuple[BoundKin
         at = 0
         for p in kl:
             p.ref, at = ref[at:at + len(p.rows)], at + len(p.rows)
-    optimizer = policy.optimizer_for(phase)
-    prefix = "" if phase == POLICY_PHASE else f"{phase}_"
+    optimizer, prefix = _phase(policy, phase)
     stats: dict[str, float] = {}
     steps = 0
     for it in range(iterations):
