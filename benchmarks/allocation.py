@@ -100,10 +100,11 @@ def step(placed: Any, s: int) -> tuple[float, list[float]]:
     re-plan after the update): (wall seconds, per-worker busy seconds)."""
     t0 = time.perf_counter()
     roll = placed.scheduler.call("rollout", s)
+    for i, r in enumerate(roll):  # right after the call: cpu_seconds() is this call's
+        placed.observe(i, "rollout", r)
     upd = placed.scheduler.call("update", s)
     wall = time.perf_counter() - t0
-    for i, (r, u) in enumerate(zip(roll, upd, strict=True)):
-        placed.observe(i, "rollout", r)
+    for i, u in enumerate(upd):
         placed.observe(i, "update", u)
     placed.after_update(s)
     return wall, [r["rollout_s"] + u["update_s"] for r, u in zip(roll, upd, strict=True)]

@@ -57,17 +57,6 @@ def cpu_has_native_bf16() -> bool:
     return True
 
 
-def resolve_device(policy_device: str, run_device: str, planned: str | None = None) -> str:
-    """The device a policy trains on: its own setting, else the run's, else the plan's (``auto``:
-    the planned GPU when there is one, else ``cpu``)."""
-    for d in (policy_device, run_device):
-        if d and d != "auto":
-            return "cuda:0" if d == "cuda" else d
-    if planned and planned.startswith("cuda") and cuda_count() > 0:
-        return planned
-    return "cpu"
-
-
 def resolve_dtype(dtype: str, device: str) -> str:
     """``auto``: bfloat16 on a CUDA device that supports it, float32 elsewhere; else ``dtype``."""
     if dtype != "auto":

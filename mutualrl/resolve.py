@@ -145,7 +145,7 @@ class RunPlan:
 def plan_of(cfg: RunConfig) -> RunPlan:
     """The plan of an already checked config (not placed yet)."""
     ranks = [p.workers if isinstance(p.workers, int) else 1 for p in cfg.policies]  # auto: the placement decides
-    return RunPlan(cfg, tuple(WorkerSpec(i, p.name, cfg.policy_grpo(i), rank=r, world=ranks[i])
+    return RunPlan(cfg, tuple(WorkerSpec(i, p.name, freeze(cfg.policy_grpo(i)), rank=r, world=ranks[i])
                               for i, p in enumerate(cfg.policies) for r in range(ranks[i])))
 
 
@@ -213,8 +213,11 @@ def resolve(source: str | Path | Mapping[str, Any] | RunConfig | RunPlan, overri
     ``read_data`` also builds the task (reads every data file: seconds) and asks the hub for the
     config of each hub model, as a run does before it writes anything."""
     if isinstance(source, RunPlan):
-        if overrides or (read_data and not source.data_read):
+        if overrides:
             return resolve(source.config, overrides, check_paths=check_paths, read_data=read_data)
+        if read_data and not source.data_read:  # checked already: only the data is left to read
+            _read_data(source.config)
+            return dataclasses.replace(source, data_read=True)
         return source
     if isinstance(source, RunConfig):
         data: dict[str, Any] = source.to_dict()

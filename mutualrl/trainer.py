@@ -33,7 +33,7 @@ from mutualrl.checkpoint import (
     read_state,
 )
 from mutualrl.config import RunConfig
-from mutualrl.errors import UserError
+from mutualrl.errors import ConfigError, UserError
 from mutualrl.exchange.url import ExchangeURL
 from mutualrl.export import FINAL_DIR, Exported, export_run
 from mutualrl.paths import METRICS, POLICIES_INFO, RUN_CONFIG, SUMMARY
@@ -114,6 +114,11 @@ class MutualTrainer:
                                 "(no config.yaml and checkpoints/)")
             # the same check for the CLI and for Python: only what cannot change trained steps may differ
             self._resume_changes = check_resumable(run_config(d), self.cfg, d)
+            ck = latest_checkpoint(d)
+            trained = int((read_state(ck) or {}).get("next_step", 0)) if ck is not None else 0
+            if self.cfg.steps < trained:
+                raise ConfigError("steps", f"{self.cfg.steps} is fewer than the {trained} steps this run has "
+                                  f"trained already (checkpoint {ck}); resume with steps >= {trained}")
             return
         if d.exists() and any(d.iterdir()):
             raise UserError(f"run directory {str(d)!r} already exists and is not empty; "
@@ -280,11 +285,13 @@ class MutualTrainer:
                                   f"checkpoint: {ck or 'none'}. Free space, then: mutualrl train --resume "
                                   f"{self.run_dir}") from exc
         finally:
-            self.scheduler.close()
-            if self.placement is not None:
-                self.placement.close()
-            for t in self._trackers:
-                t.close()
+            try:
+                self.scheduler.close()
+            finally:  # the plan history and the trackers are closed even when stopping workers fails
+                if self.placement is not None:
+                    self.placement.close()
+                for t in self._trackers:
+                    t.close()
         summary = self.summary(time.perf_counter() - t_start)
         if cfg.save_final_model and self.run_dir is not None:  # RUN_DIR/final/<policy>, from the final checkpoint
             self.save_model(self.run_dir / FINAL_DIR)

@@ -58,8 +58,10 @@ def test_a_plan_crosses_a_process_boundary_as_json(tiny_config):
 def test_a_resolved_config_is_immutable_all_the_way_down(tiny_config):
     from mutualrl.schema import FrozenError
 
-    cfg = resolve(tiny_config).config
+    plan = resolve(tiny_config)
+    cfg = plan.config
     for change in (lambda: setattr(cfg, "steps", 9), lambda: setattr(cfg.grpo, "learning_rate", 1.0),
+                   lambda: setattr(plan.workers[0].options, "learning_rate", 1.0),
                    lambda: cfg.policies.append(cfg.policies[0]), lambda: setattr(cfg.policies[0], "name", "z"),
                    lambda: cfg.policies[0].grpo.update(beta=1.0), lambda: cfg.task.datasets.clear()):
         with pytest.raises(FrozenError):

@@ -73,3 +73,12 @@ def test_a_steps_change_is_refused_where_the_schedule_depends_on_the_total(tiny_
     assert "'steps'" in err and why in err and "new run" in err
     assert yaml.safe_load((run / "config.yaml").read_text())["steps"] == 2 and resumes(run) == []
     assert main(["train", "--resume", str(run), "--no-progress", "--set", "step_timeout_s=120"]) == 0  # others pass
+
+
+def test_a_resume_to_fewer_steps_than_trained_is_refused_before_anything_is_written(tiny_models, tmp_path):
+    cfg, run = _config(tiny_models), tmp_path / "run"
+    _train(cfg, run)
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match=r"'steps'.*fewer than the 2 steps"):
+        MutualTrainer(dict(cfg, steps=1), run, resume=True, progress=False)
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before

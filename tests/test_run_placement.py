@@ -25,13 +25,14 @@ class _Recording(Scheduler):
     def __init__(self, movable: bool, allocation: Allocation | None = None) -> None:
         self.movable = movable
         self.fixed_allocation = allocation
+        self.exchange = "memory://placement-test"  # the caller's request, as RayScheduler(exchange=...)
         self.verbose = False
         self.started: list[Any] = []
         self.realised: list[Any] = []
         self.closed = 0
 
     def open(self, cfg, run_dir):
-        return Venue("local", Resources(cpus=4), "memory://placement-test", None, movable=self.movable)
+        return Venue("local", Resources(cpus=4), None, None, movable=self.movable)
 
     def start(self, plan, run_dir):
         assert plan.placed
@@ -120,5 +121,54 @@ def test_schedulers_decide_nothing():
     for name in ("base.py", "local.py", "ray_scheduler.py"):
         text = (root / name).read_text()
         code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(("#", '"', "`")))
-        for banned in (r"\bplace\(", r"\bplan_for\b", r"\bAdaptivePlan\b", r"\bplan\(cfg", r"should_replan"):
+        for banned in (r"\bplace\(", r"\bplan_for\b", r"\bAdaptivePlan\b", r"\bplan\(cfg", r"should_replan",
+                       r"\bexchange_url\("):
             assert not re.search(banned, code), f"{name} decides placement ({banned})"
+
+
+def test_workers_sharing_one_process_get_no_gpu_memory_share(tiny_config):
+    """A memory fraction is per process: in the sequential backend the last worker's would cap them all."""
+    from mutualrl.allocation.placement import place
+
+    plan = resolve({**tiny_config, "device": "auto"}, check_paths=False)
+    gpu = [Placement(i, p.name, 0, 1.0, 1, gpu=0, gpu_fraction=f) for i, (p, f) in
+           enumerate(zip(plan.config.policies, (0.7, 0.3), strict=True))]
+    alloc = Allocation(gpu, Resources(cpus=2), "gpu")
+    seq = place(plan, alloc, "sequential", "memory://x")
+    assert [(w.device, w.gpu_fraction) for w in seq.workers] == [("cuda:0", None), ("cuda:0", None)]
+    loc = place(plan, alloc, "local", "memory://x")
+    assert [(w.visible_gpu, w.gpu_fraction) for w in loc.workers] == [(0, 0.7), (0, 0.3)]
+
+
+def test_a_replan_never_moves_ranks_nodes_or_gpus(tiny_config, monkeypatch):
+    """Running workers can change threads and priority only: a better plan that needs other ranks or
+    another GPU is not adopted (and a scheduler refuses a placed plan that would move a worker)."""
+    from mutualrl.allocation import adaptive
+
+    plan = resolve({**tiny_config, "exchange": "memory://"}, check_paths=False)
+    sched = _Recording(movable=True, allocation=None)
+    placed = launch(sched, plan, None)
+    mwra = placed.mwra
+    before = mwra.allocation
+    moved = Allocation([dataclasses.replace(p, threads=p.threads + 1, ranks=2) for p in before.placements],
+                       before.resources, before.mode)
+    monkeypatch.setattr(adaptive, "should_replan", lambda *a, **k: moved)
+    monkeypatch.setattr(type(mwra.costs), "measurements", property(lambda self: 99))
+    assert mwra.maybe_replan(10) is None and mwra.allocation is before
+    rethreaded = Allocation([dataclasses.replace(p, threads=p.threads + 1) for p in before.placements],
+                            before.resources, before.mode)
+    monkeypatch.setattr(adaptive, "should_replan", lambda *a, **k: rethreaded)
+    assert mwra.maybe_replan(12) is rethreaded
+
+
+def test_the_local_scheduler_refuses_a_replan_that_moves_a_worker(tiny_config):
+    from mutualrl.allocation.local import LocalScheduler
+    from mutualrl.allocation.placement import place
+
+    plan = resolve({**tiny_config, "exchange": "memory://"}, check_paths=False)
+    a = _alloc(plan.config, [1, 1])
+    sched = LocalScheduler(verbose=False)
+    sched.plan = place(plan, a, "local", "memory://x")
+    elsewhere = place(plan, a, "local", "memory://y")
+    with pytest.raises(ValueError, match="threads and nice levels only"):
+        sched.realise(elsewhere)

@@ -24,14 +24,16 @@ class AdaptivePlan:
         replan_threshold: re-plan when the calibrated max/min busy time exceeds this.
         calibrate_steps: measured steps before the first re-plan check.
         verbose: print plans to stderr.
+        params: each policy's parameter count when known (default: estimated from the configs, which
+            sizes every model on the meta device).
     """
 
     def __init__(self, cfg: RunConfig, resources: Resources, *, threads: int | None = None,
                  allocation: Allocation | None = None, replan_threshold: float = 1.25,
-                 calibrate_steps: int = 2, verbose: bool = True) -> None:
+                 calibrate_steps: int = 2, verbose: bool = True, params: list[int | None] | None = None) -> None:
         self.cfg = cfg
         self.resources = resources
-        self.costs = CostModel(cfg, estimate_parameters(cfg))
+        self.costs = CostModel(cfg, list(params) if params is not None else estimate_parameters(cfg))
         self.replan_threshold = replan_threshold
         self.calibrate_steps = calibrate_steps
         self.verbose = verbose
@@ -68,9 +70,10 @@ class AdaptivePlan:
         if step is not None and step - self._last_replan_step < self.calibrate_steps:
             return None
         new = should_replan(self.allocation, self.costs, self.resources, self.replan_threshold)
-        if new is None or [(p.threads, p.nice, p.node, p.gpu) for p in new.placements] == \
-                [(p.threads, p.nice, p.node, p.gpu) for p in self.allocation.placements]:
+        if new is None or [_movable(p) for p in new.placements] == [_movable(p) for p in self.allocation.placements]:
             return None
+        if [_fixed(p) for p in new.placements] != [_fixed(p) for p in self.allocation.placements]:
+            return None  # running workers keep their ranks, node and GPU: only threads and priority move
         self._last_replan_step = step if step is not None else 0
         self.allocation = new
         self.history.append({"step": step, "reason": "calibrated imbalance", "time": time.time(), **new.to_dict()})
@@ -91,6 +94,16 @@ class AdaptivePlan:
                 json.dumps({"plans": self.history, "costs": self.costs.to_dict()}, indent=1))
         except OSError:  # informational only
             pass
+
+
+def _movable(p: Placement) -> tuple[int, int]:
+    """What a re-plan may change on running workers: threads and CPU priority."""
+    return p.threads, p.nice
+
+
+def _fixed(p: Placement) -> tuple[int, str | None, int | None, float]:
+    """What running workers keep: their ranks, node, GPU and GPU share."""
+    return p.ranks, p.node, p.gpu, round(p.gpu_fraction, 6)
 
 
 def _with_threads(alloc: Allocation, threads: int) -> Allocation:

@@ -29,14 +29,15 @@ class Venue:
         backend: how a worker sees its device (``sequential``, ``local`` or ``ray``; see
             :func:`~mutualrl.allocation.placement.place`).
         resources: what may be handed out (this machine, or the Ray cluster).
-        exchange: the exchange URL every worker opens.
+        scratch: a directory the scheduler keeps for the run (the exchange file of a run without a
+            directory, when workers in several processes must share one).
         rendezvous: ``tcp://HOST:PORT`` where the ranks of a multi-worker policy meet (None: no such policy).
         movable: whether the scheduler can realise a re-plan of threads and CPU priority while it runs.
     """
 
     backend: str
     resources: Resources
-    exchange: str
+    scratch: Path | None = None
     rendezvous: str | None = None
     movable: bool = False
 
@@ -67,14 +68,15 @@ class Scheduler(ABC):
     :meth:`start` creates the workers of the placed plan; :meth:`realise` applies a re-planned one;
     :meth:`close` stops everything.
 
-    ``threads`` (torch threads for every worker) and ``fixed_allocation`` (an allocation to use as
-    is), ``replan_threshold`` and ``verbose`` (print plans) are the caller's requests, read by the
-    placement step.
+    ``threads`` (torch threads for every worker), ``fixed_allocation`` (an allocation to use as
+    is), ``exchange`` (an exchange URL for every worker instead of the run's), ``replan_threshold``
+    and ``verbose`` (print plans) are the caller's requests, read by the placement step.
     """
 
     name: str = "base"
     threads: int | None = None
     fixed_allocation: Allocation | None = None
+    exchange: str | None = None
     replan_threshold: float = 1.25
     verbose: bool = True
 
@@ -148,10 +150,9 @@ class SequentialScheduler(Scheduler):
         self.workers: list[Any] = []
 
     def open(self, cfg: RunConfig, run_dir: Path | None) -> Venue:
-        from mutualrl.allocation.placement import exchange_url
         from mutualrl.allocation.planner import Resources
 
-        return Venue("sequential", Resources.detect(), exchange_url("sequential", cfg, run_dir))
+        return Venue("sequential", Resources.detect())
 
     def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
         import torch

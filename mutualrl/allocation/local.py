@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from mutualrl.allocation.base import Scheduler, Venue, WorkerFailed, require_placed
-from mutualrl.allocation.placement import exchange_url
 from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
 from mutualrl.config import RunConfig
@@ -116,8 +115,7 @@ class LocalScheduler(Scheduler):
         if any(p.workers != 1 for p in cfg.policies):  # the ranks of a policy meet here
             store = serve_store("127.0.0.1", self.timeout)
             self._store, rendezvous = store, f"tcp://127.0.0.1:{store.port}"
-        return Venue("local", self.resources or Resources.detect(),
-                     exchange_url("local", cfg, self.run_dir, self._scratch), rendezvous, movable=True)
+        return Venue("local", self.resources or Resources.detect(), self._scratch, rendezvous, movable=True)
 
     def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
         require_placed(plan, self.name)
@@ -359,9 +357,11 @@ class LocalScheduler(Scheduler):
         """Give each running worker the threads and CPU priority of the re-placed ``plan``."""
         require_placed(plan, self.name)
         assert self.plan is not None
-        for old, new in zip(self.plan.workers, plan.workers, strict=True):
-            if (old.index, old.rank) != (new.index, new.rank):
-                raise ValueError("a re-placed plan must keep the running workers")
+        keep = ("index", "rank", "world", "device", "visible_gpu", "gpu_fraction", "node", "exchange", "rendezvous")
+        if len(self.plan.workers) != len(plan.workers) or any(
+                [getattr(a, k) for k in keep] != [getattr(b, k) for k in keep]
+                for a, b in zip(self.plan.workers, plan.workers, strict=True)):
+            raise ValueError("a re-placed plan may change running workers' threads and nice levels only")
         for i in range(self.layout.policies):
             a, b = self.plan.spec(i), plan.spec(i)
             if a.threads != b.threads and b.threads:

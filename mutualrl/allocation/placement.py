@@ -98,7 +98,8 @@ def place(plan: RunPlan, allocation: Allocation, backend: str, exchange: str, *,
         if gpu is not None and spec.world > 1:
             gpu += spec.rank
         device, visible = _device(backend, gpu)
-        share = pl.gpu_fraction if gpu is not None and 0 < pl.gpu_fraction < 1 else None
+        # a memory share is per process: workers sharing this process (sequential) cannot each have one
+        share = pl.gpu_fraction if gpu is not None and 0 < pl.gpu_fraction < 1 and backend != "sequential" else None
         if spec.world > 1 and rendezvous is None:
             raise ValueError(f"policy {spec.name!r} has {spec.world} ranks: the {backend} backend needs a rendezvous")
         planned = max(1, pl.threads) if backend != "sequential" else None  # per rank already

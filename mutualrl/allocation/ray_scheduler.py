@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from mutualrl.allocation.base import Scheduler, Venue, WorkerFailed, require_placed
-from mutualrl.allocation.placement import exchange_url
 from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
 from mutualrl.config import RunConfig
@@ -111,7 +110,7 @@ class RayScheduler(Scheduler):
                  exchange: str | None = None, verbose: bool = True) -> None:
         self.threads = threads
         self.fixed_allocation = allocation
-        self.exchange_override = exchange
+        self.exchange = exchange
         self.verbose = verbose
         self.actors: list[Any] = []
         self.groups: list[Any] = []
@@ -142,13 +141,15 @@ class RayScheduler(Scheduler):
         self.timeout = float(cfg.step_timeout_s)
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
         self.resources = Resources.from_ray()
-        self.exchange_url = self._exchange(cfg, self.resources)
+        if self.run_dir is None:
+            self._scratch = tempfile.mkdtemp(prefix="mutualrl-ray-")
         rendezvous = None
         if any(p.workers != 1 for p in cfg.policies):  # the ranks of a policy meet at the driver
             host = ray.util.get_node_ip_address()
             self._store = serve_store(host, self.timeout)
             rendezvous = f"tcp://{host}:{self._store.port}"
-        return Venue("ray", self.resources, self.exchange_url, rendezvous, movable=False)
+        return Venue("ray", self.resources, Path(self._scratch) if self._scratch else None, rendezvous,
+                     movable=False)
 
     def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
         ray = _import_ray()
@@ -159,6 +160,9 @@ class RayScheduler(Scheduler):
         if self.resources is None:
             raise ValueError("RayScheduler.start before open(): start it with run_placement.launch")
         cfg, resources = plan.config, self.resources
+        self.exchange_url = plan.workers[0].exchange or ""
+        if self.exchange_url.startswith("ray://") and cfg.exchange in ("sqlite", "memory://"):
+            self._driver_exchange = open_exchange(self.exchange_url)  # the run's own store, on the driver's node
         self.layout = RankLayout.of(plan)
         self._policy_names = [p.name for p in cfg.policies]
         self._pending = PendingReplies(self.layout)
@@ -196,18 +200,6 @@ class RayScheduler(Scheduler):
         for info, ws in zip(infos, self.layout.members, strict=True):
             info.update(json.loads(wheres[ws[0]]))
         return infos
-
-    def _exchange(self, cfg: RunConfig, resources: Resources) -> str:
-        """The exchange URL for the workers (:func:`~mutualrl.allocation.placement.exchange_url`); a
-        ``ray://`` store of the run's own is created here, so that its actor lives on the driver's node."""
-        if self.exchange_override:
-            return self.exchange_override
-        if self.run_dir is None:
-            self._scratch = tempfile.mkdtemp(prefix="mutualrl-ray-")
-        url = exchange_url("ray", cfg, self.run_dir, self._scratch, nodes=len(resources.nodes))
-        if url.startswith("ray://") and cfg.exchange in ("sqlite", "memory://"):
-            self._driver_exchange = open_exchange(url)
-        return url
 
     def close(self) -> None:
         """Kill the actors, remove their placement groups, stop Ray if this scheduler started it."""

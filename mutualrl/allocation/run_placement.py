@@ -17,7 +17,7 @@ from typing import Any
 
 from mutualrl.allocation.adaptive import AdaptivePlan
 from mutualrl.allocation.base import Scheduler, Venue
-from mutualrl.allocation.placement import place
+from mutualrl.allocation.placement import exchange_url, place
 from mutualrl.allocation.planner import Allocation, plan_for
 from mutualrl.resolve import RunPlan
 
@@ -39,6 +39,10 @@ class RunPlacement:
         self.mwra = mwra
         self.run_dir = run_dir
         self.threads = scheduler.threads or plan.config.threads
+        nodes = len(venue.resources.nodes) or 1
+        self.exchange = scheduler.exchange or exchange_url(
+            venue.backend, plan.config, run_dir.resolve() if run_dir is not None else None, venue.scratch, nodes=nodes)
+        """The exchange URL every worker opens (the scheduler's request, else the run's)."""
         self.plan = self._place(plan, mwra.allocation)
         self.infos: list[dict[str, Any]] = []
 
@@ -49,13 +53,13 @@ class RunPlacement:
 
     def _place(self, plan: RunPlan, allocation: Allocation) -> RunPlan:
         v = self.venue
-        return place(plan, allocation, v.backend, v.exchange, threads=self.threads, rendezvous=v.rendezvous)
+        return place(plan, allocation, v.backend, self.exchange, threads=self.threads, rendezvous=v.rendezvous)
 
     def start(self) -> list[dict[str, Any]]:
         """Start the workers of the placed plan; record their parameter counts and the plan."""
         self.infos = self.scheduler.start(self.plan, self.run_dir)
         self.mwra.set_params([int(info.get("params") or 0) or None for info in self.infos])  # type: ignore[misc]
-        self.mwra.write(self.run_dir)
+        self._write()
         return self.infos
 
     def observe(self, index: int, method: str, result: Any) -> None:
@@ -71,36 +75,41 @@ class RunPlacement:
         new = self.mwra.maybe_replan(step)
         if new is None:
             return None
-        self.plan = self._place(self.plan.unplaced(), new)
-        self.scheduler.realise(self.plan)
-        self.mwra.write(self.run_dir)
-        return self.plan
+        placed = self._place(self.plan.unplaced(), new)
+        self.scheduler.realise(placed)
+        self.plan = placed
+        self._write()
+        return placed
 
     def close(self) -> None:
         """Write the plan history one last time."""
-        self.mwra.write(self.run_dir)
+        self._write()
+
+    def _write(self) -> None:
+        if self.venue.backend != "sequential":  # one process: no allocation to report
+            self.mwra.write(self.run_dir)
 
 
-def launch(scheduler: Scheduler, plan: RunPlan, run_dir: str | Path | None, *, start: bool = True) -> RunPlacement:
+def launch(scheduler: Scheduler, plan: RunPlan, run_dir: str | Path | None) -> RunPlacement:
     """The placement step: open ``scheduler``, plan and place ``plan`` on what it offers (with the
-    scheduler's requests: ``threads``, ``fixed_allocation``, ``replan_threshold``, ``verbose``), start
-    the workers (unless ``start`` is False). A failure closes the scheduler and re-raises."""
+    scheduler's requests: ``threads``, ``fixed_allocation``, ``exchange``, ``replan_threshold``,
+    ``verbose``), then start the workers. A failure closes the scheduler and re-raises."""
     rd = Path(run_dir) if run_dir is not None else None
     cfg = plan.config
     try:
         venue = scheduler.open(cfg, rd)
         allocation = scheduler.fixed_allocation
-        if allocation is None and venue.backend == "sequential":  # one process: nothing to balance
+        one_process = venue.backend == "sequential"
+        if allocation is None and one_process:  # nothing to balance: equal shares, no pricing
             allocation = plan_for(cfg, venue.resources)
         mwra = AdaptivePlan(cfg, venue.resources, threads=scheduler.threads or cfg.threads, allocation=allocation,
-                            replan_threshold=scheduler.replan_threshold,
-                            verbose=scheduler.verbose and venue.backend != "sequential")
+                            replan_threshold=scheduler.replan_threshold, verbose=scheduler.verbose and not one_process,
+                            params=[None] * len(cfg.policies) if one_process else None)
         mwra.fixed = mwra.fixed or not venue.movable
         if venue.backend != "sequential":
             mwra.say(mwra.allocation.describe())
         placed = RunPlacement(scheduler, plan.unplaced(), venue, mwra, rd)
-        if start:
-            placed.start()
+        placed.start()
     except BaseException:
         scheduler.close()
         raise
