@@ -219,6 +219,28 @@ def test_self_imitate_extra_rows_come_from_own_earlier_successes(task):
     assert parse_strategy("self_imitate").replay_steps({"self_imitate": {"replay_steps": 3}}) == 0
 
 
+def test_imitate_own_extra_rows_are_the_controls_rows_under_imitates_kind(task):
+    """imitate with own_extra_rows trains the same own earlier successes its compute-matched control
+    (self_imitate with extra_rows) would, so at equal tokens the arms differ by the peers' rows only."""
+    groups = _groups(task)
+    older = task.problems("train")[5:8]
+    ctx = ShareContext(groups, PeerRows(), GRPOOptions(dynamic_sampling="off"),
+                       lambda ps, cs: ([1.0] * len(cs), [1.0] * len(cs)), lambda ids, t: [ord(c) for c in t] + [0],
+                       own_history=[PastSuccess(p, [9], p.answer, 0) for p in older])
+    plain = build_batch("imitate", ctx)
+    assert "imitate_own_extra" not in plain.metrics and sum(r.kind == "imitate" for r in plain.rows) == 1
+    both = {"extra_rows": 2, "replay_steps": 3}
+    ours = build_batch("imitate", ctx, {"imitate": {"own_extra_rows": 2, "replay_steps": 3}})
+    control = build_batch("self_imitate", ctx, {"self_imitate": both})
+    assert ours.metrics["imitate_own_extra"] == 2
+    assert [r.completion_ids for r in ours.rows if r.kind == "imitate"] == \
+        [r.completion_ids for r in control.rows if r.kind == "self_imitate"]
+    first = len(older[0].answer) + 1
+    capped = build_batch("imitate", ctx, {"imitate": {"own_extra_rows": 3, "replay_steps": 3,
+                                                      "match_tokens": 5 + first + 1}})
+    assert capped.metrics["imitate_own_extra"] == 2  # the control's token budget rule, the same count
+
+
 def test_user_steps_register_in_worker_processes_through_sharing_modules(tiny_config, tmp_path, monkeypatch):
     """A step registered in the user's own module runs under the local scheduler: every worker
     process imports ``sharing.modules`` before it parses the strategy."""

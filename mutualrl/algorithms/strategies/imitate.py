@@ -59,6 +59,12 @@ class ImitateSettings:
     replay_steps: int = bounded(0, ge=0)
     """Also replay peers' verified successes for prompts the learner failed in the last this many
     steps (the exchange keeps them; no extra rollouts)."""
+    own_extra_rows: int = bounded(0, ge=0)
+    """Up to this many of the learner's own verified successes of the last ``replay_steps`` steps
+    besides (newest first), as ``self_imitate``'s ``extra_rows``: the sharing arm then has every row
+    its compute-matched control has, with the peers' rows in place of some of them."""
+    match_tokens: int = bounded(0, ge=0)
+    """With ``own_extra_rows``: add them only until the step trains this many tokens (0: all)."""
 
 
 @dataclass
@@ -107,6 +113,9 @@ def imitate(ctx: ShareContext, batch: TrainBatch, s: ImitateSettings) -> None:
         rescue += 1
         replayed += k >= len(failed)
     batch.rows.extend(own_rows)
+    if s.own_extra_rows:
+        batch.metrics["imitate_own_extra"] = _own_replay(ctx, batch, s.weight, IMITATE, s.own_extra_rows,
+                                                         s.match_tokens, seen)
     batch.metrics["imitate_gate_open"] = len(failed)
     batch.metrics["imitate_rescue"] = rescue
     batch.metrics["imitate_own"] = len(own_rows)
@@ -123,10 +132,20 @@ def self_imitate(ctx: ShareContext, batch: TrainBatch, s: SelfImitateSettings) -
     without sharing); with ``extra_rows``, own successes of earlier steps besides."""
     rows = [row for g in ctx.groups if (row := own_success_row(g, s.weight, SELF_IMITATE)) is not None]
     batch.rows.extend(rows)
-    step_ids = {g.problem.id for g in ctx.groups}
+    extra = _own_replay(ctx, batch, s.weight, SELF_IMITATE, s.extra_rows, s.match_tokens)
+    batch.metrics["imitate_own"] = len(rows)
+    batch.metrics["self_imitate_extra"] = extra
+
+
+def _own_replay(ctx: ShareContext, batch: TrainBatch, weight: float, kind: str, most: int, match_tokens: int,
+                exclude: set[str] | None = None) -> int:
+    """Add up to ``most`` of the learner's own verified successes of earlier steps (newest first, one
+    per problem, none of this step's or of ``exclude``), until the step trains ``match_tokens`` tokens
+    (0: no bound); how many were added."""
+    step_ids = {g.problem.id for g in ctx.groups} | (exclude or set())
     extra = 0
     tokens = trained_tokens(batch, ctx.options)
-    extra_cap, token_cap = ctx.rank_share(s.extra_rows), ctx.rank_share(s.match_tokens)
+    extra_cap, token_cap = ctx.rank_share(most), ctx.rank_share(match_tokens)
     for past in ctx.own_history:
         if extra >= extra_cap or (token_cap and tokens >= token_cap):
             break
@@ -135,9 +154,8 @@ def self_imitate(ctx: ShareContext, batch: TrainBatch, s: SelfImitateSettings) -
         ids = ctx.encode_completion(past.prompt_ids, past.completion)
         if ids is None:
             continue
-        batch.rows.append(TrainRow(past.prompt_ids, ids, 0.0, None, SELF_IMITATE, None, s.weight))
+        batch.rows.append(TrainRow(past.prompt_ids, ids, 0.0, None, kind, None, weight))
         step_ids.add(past.problem.id)
         extra += 1
         tokens += len(ids)
-    batch.metrics["imitate_own"] = len(rows)
-    batch.metrics["self_imitate_extra"] = extra
+    return extra
