@@ -206,6 +206,21 @@ def test_an_fsdp_policy_trains_checkpoints_and_resumes_exactly(uninterrupted, tm
     assert all(r["optimizer_steps"] >= 1 for r in steps)  # the sharded policy trained every step
 
 
+def test_the_async_loop_with_a_two_rank_policy_logs_the_sync_loops_metrics(uninterrupted, tmp_path):
+    """``sync: async`` with ``a`` on 2 ranks: a sharing update waits for every peer's rollouts of its
+    step, so bounded staleness changes when steps run, not what they compute: the same metrics as
+    the synchronous run (machine measurements and the ``ahead`` lead aside)."""
+    from mutualrl.trainer import MutualTrainer
+
+    cfg = dict(_two_rank_config(uninterrupted.tiny, "local"), sync="async")
+    cfg["sharing"] = dict(cfg["sharing"], max_staleness=1)
+    MutualTrainer(cfg, tmp_path / "async", progress=False).train()
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "ahead"} for r in rows]
+    a, b = drop(_metrics(uninterrupted("local"))), drop(_metrics(tmp_path / "async"))
+    assert [r["step"] for r in b if r.get("event") is None] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert a == b
+
+
 def _exchange_rows(run_dir: Path) -> list[tuple]:
     import sqlite3
 
