@@ -8,8 +8,9 @@ For each model (the zoo pair's ``gpt2-add`` and ``llama-sub`` policies, and Smol
 data-parallel ranks (``workers: 2``) with 1 thread each. Reported per model and layout: the mean
 step time (rollout, update), the gradient all-reduce's seconds and share of the step (measured in
 the ranks: ``allreduce_s``), and the planner's prediction for the same layout before any step of
-the run: from the FLOP prior, and after ``mutualrl plan --calibrate``'s short calibration (2 real
-steps of one worker), each with its error against the measured step. Writes
+the run: from the FLOP prior, and after ``mutualrl plan --calibrate``'s short calibration (3 real
+steps of one rank's share of the prompts, the first a warm-up), each with its error against the
+measured step. Writes
 ``benchmarks/results/data_parallel.json`` (load average recorded: run it alone).
 """
 
@@ -50,8 +51,9 @@ def config(model: str, workers: int, threads: int, steps: int) -> dict[str, Any]
 
 def predicted(cfg: dict[str, Any], threads: int) -> tuple[float, float]:
     """The planner's step time for the config on 2 cores before any step of the run: from the FLOP
-    prior, and after the short calibration (``mutualrl plan --calibrate``: 2 real steps of one worker
-    on ``threads`` threads, the ranks' step then predicted as compute / N plus the all-reduce)."""
+    prior, and after the short calibration (``mutualrl plan --calibrate``: 3 real steps, the first a
+    warm-up, of one worker on ``threads`` threads and one rank's share of the prompts; the ranks'
+    step then predicted as that plus the all-reduce)."""
     from mutualrl.allocation.calibrate import calibrate
     from mutualrl.allocation.cost import CostModel, estimate_parameters
     from mutualrl.allocation.planner import Resources, plan
@@ -60,7 +62,7 @@ def predicted(cfg: dict[str, Any], threads: int) -> tuple[float, float]:
     c = load_config(cfg)
     costs = CostModel(c, estimate_parameters(c))
     prior = plan(c, Resources(2.0), costs).predicted_step_s
-    calibrate(c, costs, steps=2, threads=threads)
+    calibrate(c, costs, steps=3, threads=threads, ranks=c.policies[0].workers)
     return prior, plan(c, Resources(2.0), costs).predicted_step_s
 
 

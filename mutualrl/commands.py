@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override any config field by its dotted path, e.g. --set policies.0.grpo.learning_rate=3e-5 "
                    f"(repeatable). With --resume only {', '.join(sorted(RESUMABLE))} may change (steps not under a "
                    "linear/cosine schedule or warmup_ratio); any other override is refused (exit 2), never dropped")
+    p.add_argument("--calibrate", type=int, nargs="?", const=3, default=0, metavar="STEPS",
+                   help="before MWRA's first plan, time STEPS (default 3, the first a warm-up) real steps of each "
+                   "policy as one of its ranks runs them, and plan from them (local/ray schedulers)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
@@ -121,13 +124,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.config:
             raise UserError("give either CONFIG or --resume RUN_DIR, not both (a resumed run keeps its config)")
         run_dir = Path(args.resume)
-        trainer = MutualTrainer(resolve_run(run_dir, overrides), run_dir, resume=True, progress=not args.no_progress)
+        trainer = MutualTrainer(resolve_run(run_dir, overrides), run_dir, resume=True, progress=not args.no_progress,
+                                calibrate=args.calibrate)
     else:
         if not args.config:
             raise UserError("give a CONFIG.yaml to train (or --resume RUN_DIR)")
         plan = resolve(args.config, overrides)
         out = Path(args.output or plan.config.output_dir or Path("runs") / Path(args.config).stem)
-        trainer = MutualTrainer(plan, out, progress=not args.no_progress)
+        trainer = MutualTrainer(plan, out, progress=not args.no_progress, calibrate=args.calibrate)
     summary = trainer.train()
     print(json.dumps(summary, indent=1))
     print(f"run directory: {trainer.run_dir}")

@@ -74,12 +74,15 @@ class MutualTrainer:
         resume: continue the run in ``run_dir`` from its last good checkpoint.
         scheduler: a :class:`Scheduler`; default from ``config.scheduler``.
         progress: show a progress bar.
+        calibrate: time this many real steps of each policy (the first a warm-up) before MWRA's first
+            plan, instead of planning from the FLOP prior (``local``/``ray`` schedulers; loads every
+            model once more in this process).
     """
 
     def __init__(self, config: RunPlan | RunConfig | dict | str | Path, run_dir: str | Path | None = None, *,
                  train_dataset: Any | None = None, eval_dataset: Any | None = None,
                  reward_funcs: Sequence[Callable[..., list[float]] | str] = (), resume: bool = False,
-                 scheduler: Scheduler | None = None, progress: bool = True) -> None:
+                 scheduler: Scheduler | None = None, progress: bool = True, calibrate: int = 0) -> None:
         if train_dataset is not None or eval_dataset is not None or reward_funcs:
             config = attach(config.config if isinstance(config, RunPlan) else config, train_dataset, eval_dataset,
                             reward_funcs)
@@ -91,6 +94,8 @@ class MutualTrainer:
         self.cfg = self.plan.config
         self.progress = progress
         self.scheduler = scheduler or make_scheduler(self.cfg.scheduler, self.cfg.threads)
+        if calibrate:
+            self.scheduler.calibrate_steps = int(calibrate)
         self.start_step = 0
         self.history: list[dict[str, Any]] = []
         self.checkpoints = CheckpointManager(self.run_dir, keep=2) if self.run_dir else None

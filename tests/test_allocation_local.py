@@ -34,6 +34,17 @@ def test_two_policy_run_in_processes_writes_its_plan(tiny_config, tmp_path):
     assert sched.procs == []  # closed
 
 
+def test_a_run_can_calibrate_before_its_first_plan(tiny_config, tmp_path):
+    """``calibrate=N`` (``mutualrl train --calibrate``): real steps of each policy are timed before the
+    workers start and the first plan the workers get is made from them, not from the FLOP prior."""
+    cfg = _config(tiny_config, scheduler="local", steps=1)
+    MutualTrainer(cfg, tmp_path / "run", scheduler=LocalScheduler(verbose=False), progress=False,
+                  calibrate=2).train()
+    plans = json.loads((tmp_path / "run" / "allocation.json").read_text())["plans"]
+    assert [p["reason"] for p in plans[:2]] == ["initial", "calibrated on 2 real step(s) before the start"]
+    assert plans[0]["calibrated"] is False and plans[1]["calibrated"] is True
+
+
 def test_killed_and_hung_workers_raise_worker_failed(tiny_config):
     sched = LocalScheduler(verbose=False)
     try:

@@ -147,3 +147,18 @@ def test_plan_calibrate_plans_from_measured_steps(tiny_config, tmp_path, capsys)
     assert all(p["measured_steps"] == 1 for p in got["costs"]["policies"])
     assert out.err.count("calibrated ") == 2
     assert main(["plan", str(cfg), "--calibrate", "0"]) == 2  # a positive number of steps
+
+
+def test_a_calibration_for_ranks_times_one_ranks_share_and_predicts_it(tiny_config):
+    """A policy on N ranks is calibrated on 1/N of the step's prompts (a rank's share: per-token costs
+    do not shrink with the batch), and the cost the planner gives one rank on the calibration's
+    threads (the whole step's seconds / N) is that measured step."""
+    from mutualrl.allocation.calibrate import calibrate
+    from mutualrl.allocation.cost import estimate_parameters
+
+    cfg = load_config({**tiny_config, "prompts_per_step": 4}, check_paths=False)
+    costs = CostModel(cfg, estimate_parameters(cfg))
+    got = calibrate(cfg, costs, steps=2, threads=1, ranks=[2, 1])
+    assert [g["prompts"] for g in got] == [2, 4] and [g["steps_kept"] for g in got] == [1, 1]
+    assert sum(costs.seconds(0, 1.0)) / 2 == pytest.approx(got[0]["step_s"], rel=1e-6)
+    assert sum(costs.seconds(1, 1.0)) == pytest.approx(got[1]["step_s"], rel=1e-6)

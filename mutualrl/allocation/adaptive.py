@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mutualrl.allocation.calibrate import calibrate
 from mutualrl.allocation.cost import CostModel, estimate_parameters
 from mutualrl.allocation.planner import Allocation, Placement, Resources, plan, should_replan
 from mutualrl.config import RunConfig
@@ -47,6 +48,20 @@ class AdaptivePlan:
         self.history: list[dict[str, Any]] = [{"step": None, "reason": "initial", **self.allocation.to_dict()}]
         self._rollouts: dict[int, dict[str, Any]] = {}
         self._last_replan_step = -10**9
+
+    def calibrate_first(self, steps: int) -> None:
+        """Before any worker starts: time ``steps`` real steps of each policy as one of its ranks would
+        run them (:func:`~mutualrl.allocation.calibrate.calibrate`, in this process) and plan again from
+        the measurements, so that the first plan is not the FLOP prior's. A fixed allocation or
+        user-fixed threads are kept as they are."""
+        if self.fixed or steps < 1:
+            return
+        first = self.allocation
+        calibrate(self.cfg, self.costs, steps=steps, threads=[p.threads for p in first.placements],
+                  ranks=[p.ranks for p in first.placements], say=self.say)
+        self.allocation = plan(self.cfg, self.resources, self.costs)
+        self.history.append({"step": None, "reason": f"calibrated on {steps} real step(s) before the start",
+                             "time": time.time(), **self.allocation.to_dict()})
 
     def set_params(self, params: list[int]) -> None:
         """Exact parameter counts from the started workers."""

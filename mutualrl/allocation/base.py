@@ -69,8 +69,9 @@ class Scheduler(ABC):
     :meth:`close` stops everything.
 
     ``threads`` (torch threads for every worker), ``fixed_allocation`` (an allocation to use as
-    is), ``exchange`` (an exchange URL for every worker instead of the run's), ``replan_threshold``
-    and ``verbose`` (print plans) are the caller's requests, read by the placement step.
+    is), ``exchange`` (an exchange URL for every worker instead of the run's), ``replan_threshold``,
+    ``verbose`` (print plans) and ``calibrate_steps`` (time that many real steps of each policy before
+    the first plan; 0: plan from the FLOP prior) are the caller's requests, read by the placement step.
     """
 
     name: str = "base"
@@ -79,6 +80,7 @@ class Scheduler(ABC):
     exchange: str | None = None
     replan_threshold: float = 1.25
     verbose: bool = True
+    calibrate_steps: int = 0
 
     @abstractmethod
     def open(self, cfg: RunConfig, run_dir: Path | None) -> Venue:

@@ -3,17 +3,21 @@
 The cost model's prior (seconds per FLOP of a core, one number for every model) is far off for
 small models, whose steps are dominated by per-operation overhead (the K-sweep's first plan
 predicted 6.1 s for a 0.25 s step). :func:`calibrate` builds each policy's worker in this process,
-alone, with the threads it is given, and runs ``steps`` of its real steps (the run's prompts,
-groups, strategy and update; no peer rows arrive, so a sharing step trains on the learner's own
-rows only); the last one's wall and CPU times are folded into the cost model as a measured step
-is during a run. The first plan is then made from measured costs (``mutualrl plan --calibrate``).
+alone, with the threads it is given, and runs ``steps`` of its real steps (the run's prompts, or a
+rank's share of them, groups, strategy and update; no peer rows arrive, so a sharing step trains on
+the learner's own rows only); the mean wall and CPU times of the steps after the first are folded
+into the cost model as a measured step is during a run. The first plan is then made from measured
+costs (``mutualrl plan --calibrate``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -23,38 +27,65 @@ from mutualrl.resolve import plan_of
 from mutualrl.worker import PolicyWorker
 
 
-def calibrate(cfg: RunConfig, costs: CostModel, *, steps: int = 2, threads: int | Sequence[int] = 1,
-              say: Callable[[str], None] | None = None) -> list[dict[str, float]]:
+def calibrate(cfg: RunConfig, costs: CostModel, *, steps: int = 3, threads: int | Sequence[int] = 1,
+              ranks: int | Sequence[int] = 1, say: Callable[[str], None] | None = None) -> list[dict[str, float]]:
     """Time ``steps`` real steps of every policy alone on its ``threads`` torch threads (one number for
-    all, or one per policy: what the plan gives it; one worker each, ranks aside) and fold the last
-    step's measurements into ``costs``; per policy, what was measured."""
-    single = dataclasses.replace(cfg, policies=[dataclasses.replace(p, workers=1) for p in cfg.policies],
-                                 scheduler="sequential")
-    plan = plan_of(single)
+    all, or one per policy: what the plan gives each rank) and fold what they measured into ``costs``;
+    per policy, what was measured.
+
+    A policy the plan puts on ``ranks`` data-parallel workers is timed as one of its ranks runs: on
+    ``1/ranks`` of the step's prompts (at least one), since a small model's step does not shrink in
+    proportion to its batch (per-token overheads stay). The first step is a warm-up when there is
+    more than one; the others' mean is folded in."""
     per = [threads] * len(cfg.policies) if isinstance(threads, int) else list(threads)
+    shards = [ranks] * len(cfg.policies) if isinstance(ranks, int) else [max(1, int(r)) for r in ranks]
     before = torch.get_num_threads()
     out = []
     try:
         for i, pol in enumerate(cfg.policies):
             torch.set_num_threads(max(1, per[i]))
-            worker = PolicyWorker(plan, i, None)
+            prompts = max(1, math.ceil(cfg.prompts_per_step / shards[i]))
+            single = dataclasses.replace(cfg, policies=[dataclasses.replace(p, workers=1) for p in cfg.policies],
+                                         scheduler="sequential", prompts_per_step=prompts)
+            worker = PolicyWorker(plan_of(single), i, None)
             try:
-                for step in range(steps):
-                    c0, t0 = time.process_time(), time.perf_counter()
-                    roll = worker.rollout(step)
-                    c1, t1 = time.process_time(), time.perf_counter()
-                    upd = worker.update(step)
-                    c2, t2 = time.process_time(), time.perf_counter()
-                roll = {**roll, "rollout_s": t1 - t0}
-                upd = {**upd, "update_s": t2 - t1}
-                costs.observe(i, roll, upd, float(per[i]), rollout_cpu_s=c1 - c0, update_cpu_s=c2 - c1)
-                out.append({"policy": pol.name, "step_s": t2 - t0, "rollout_s": t1 - t0, "update_s": t2 - t1,
-                            "threads": per[i], "steps": steps})
-                if say:
-                    say(f"calibrated {pol.name}: step {t2 - t0:.3g}s (rollout {t1 - t0:.3g}s, update {t2 - t1:.3g}s) "
-                        f"on {per[i]} thread(s)")
+                timed = [_timed_step(worker, step) for step in range(steps)]
             finally:
                 worker.close()
+            kept = timed[1:] if len(timed) > 1 else timed
+            roll, upd, cpu_r, cpu_u = _mean_step(kept)
+            costs.observe(i, roll, upd, float(per[i]), rollout_cpu_s=cpu_r, update_cpu_s=cpu_u, shard=shards[i])
+            step_s = roll["rollout_s"] + upd["update_s"]
+            out.append({"policy": pol.name, "step_s": step_s, "rollout_s": roll["rollout_s"],
+                        "update_s": upd["update_s"], "threads": per[i], "ranks": shards[i], "prompts": prompts,
+                        "steps": steps, "steps_kept": len(kept)})
+            if say:
+                say(f"calibrated {pol.name}: step {step_s:.3g}s (rollout {roll['rollout_s']:.3g}s, update "
+                    f"{upd['update_s']:.3g}s) on {per[i]} thread(s), {prompts} prompt(s) a step"
+                    + (f" (one of {shards[i]} ranks)" if shards[i] > 1 else ""))
     finally:
         torch.set_num_threads(before)
     return out
+
+
+def _timed_step(worker: PolicyWorker, step: int) -> tuple[dict[str, Any], dict[str, Any], float, float]:
+    """One real step: (rollout metrics, update metrics, rollout CPU seconds, update CPU seconds), with
+    the wall seconds of each phase as measured here."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    roll = worker.rollout(step)
+    c1, t1 = time.process_time(), time.perf_counter()
+    upd = worker.update(step)
+    c2, t2 = time.process_time(), time.perf_counter()
+    return {**roll, "rollout_s": t1 - t0}, {**upd, "update_s": t2 - t1}, c1 - c0, c2 - c1
+
+
+def _mean_step(steps: Sequence[tuple[dict[str, Any], dict[str, Any], float, float]]
+               ) -> tuple[dict[str, Any], dict[str, Any], float, float]:
+    """The mean of timed steps' numbers (what the cost model reads), as one step."""
+    def mean(key: str, part: int) -> float:
+        vals = [float(s[part].get(key) or 0.0) for s in steps]
+        return statistics.fmean(vals)
+
+    roll = {k: mean(k, 0) for k in ("rollout_s", "generate_s", "gen_tokens")}
+    upd = {k: mean(k, 1) for k in ("update_s", "train_s", "train_tokens", "prp_peer_samples")}
+    return roll, upd, statistics.fmean(s[2] for s in steps), statistics.fmean(s[3] for s in steps)

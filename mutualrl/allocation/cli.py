@@ -18,10 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resources", help="plan for these instead of this machine: cpus=N[,gpus=NxGiB]")
     p.add_argument("--ray", action="store_true", help="plan for the Ray cluster (RAY_ADDRESS or a local one)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--calibrate", type=int, nargs="?", const=2, default=None, metavar="STEPS",
-                   help="first time STEPS (default 2) real steps of each policy alone on this machine, on the "
-                   "threads the plan gives it, and plan from those measurements instead of the FLOP prior "
-                   "(loads every model; minutes for real models)")
+    p.add_argument("--calibrate", type=int, nargs="?", const=3, default=None, metavar="STEPS",
+                   help="first time STEPS (default 3; the first is a warm-up) real steps of each policy alone on "
+                   "this machine, as one of its ranks runs them (the threads and share of the prompts the plan "
+                   "gives a rank), and plan from those measurements instead of the FLOP prior (loads every "
+                   "model; minutes for real models)")
     p.set_defaults(func=cmd_plan)
 
 
@@ -54,7 +55,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             from mutualrl.allocation.calibrate import calibrate
 
             calibrate(cfg, costs, steps=args.calibrate, threads=[p.threads for p in alloc.placements],
-                      say=lambda m: print(m, file=sys.stderr, flush=True))
+                      ranks=[p.ranks for p in alloc.placements], say=lambda m: print(m, file=sys.stderr, flush=True))
             alloc = plan(cfg, resources, costs)
         if args.json:
             print(json.dumps({"plan": alloc.to_dict(), "costs": costs.to_dict()}, indent=1))

@@ -166,15 +166,28 @@ class CostModel:
 
     # ------------------------------------------------------------------ calibration
     def observe(self, index: int, rollout: dict[str, Any] | None, update: dict[str, Any] | None,
-                cores: float, rollout_cpu_s: float | None = None, update_cpu_s: float | None = None) -> None:
+                cores: float, rollout_cpu_s: float | None = None, update_cpu_s: float | None = None,
+                shard: int = 1) -> None:
         """Fold one step's worker metrics (measured with a share of ``cores``) into the calibration.
 
         The work of a phase is the CPU time the worker process spent in it (``*_cpu_s``, summed
         over its threads) when the scheduler measured it -- this does not depend on how many
         cores the worker really got; otherwise ``rollout_s`` (``generate_s``) and ``update_s``
         (``train_s``) of the metrics are converted to one core with Amdahl's law at ``cores``.
-        FLOPs use the measured token counts (``gen_tokens``, ``train_tokens``).
+        FLOPs use the measured token counts (``gen_tokens``, ``train_tokens``). ``shard``: the
+        metrics are of one rank's part of the step (``1/shard`` of its prompts, as a policy on that
+        many ranks runs it): times and token counts stand for the whole step times ``shard``, which
+        is what the planner divides by the ranks again, so a rank's measured time is what it predicts.
         """
+        if shard > 1:
+            def whole(d: dict[str, Any] | None) -> dict[str, Any] | None:
+                keys = ("rollout_s", "generate_s", "update_s", "train_s", "gen_tokens", "train_tokens",
+                        "prp_peer_samples")
+                return None if d is None else {k: (v * shard if k in keys and isinstance(v, (int, float)) else v)
+                                               for k, v in d.items()}
+            rollout, update = whole(rollout), whole(update)
+            rollout_cpu_s = rollout_cpu_s * shard if rollout_cpu_s else rollout_cpu_s
+            update_cpu_s = update_cpu_s * shard if update_cpu_s else update_cpu_s
         p = self.effective_params(index)
         g = self.cfg.policy_grpo(index)
         scale = self.scale(cores)

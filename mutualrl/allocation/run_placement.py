@@ -105,6 +105,8 @@ def launch(scheduler: Scheduler, plan: RunPlan, run_dir: str | Path | None) -> R
         mwra = AdaptivePlan(cfg, venue.resources, threads=scheduler.threads or cfg.threads, allocation=allocation,
                             replan_threshold=scheduler.replan_threshold, verbose=scheduler.verbose and not one_process,
                             params=[None] * len(cfg.policies) if one_process else None)
+        if not one_process:  # the first plan from measured steps, when asked (Ray's bundles never move after)
+            mwra.calibrate_first(scheduler.calibrate_steps)
         mwra.fixed = mwra.fixed or not venue.movable
         if venue.backend != "sequential":
             mwra.say(mwra.allocation.describe())
