@@ -13,9 +13,10 @@ SentencePiece), from PyPI wheels, offline, under the protocol of ``benchmarks/st
 2. **Tuning on validation** (the tuning seeds): independent GRPO at two learning rates; then
    ``self_imitate`` and the sharing candidates (``imitate``, with and without replay) at the chosen
    GRPO settings; the compute-matched control (``self_imitate`` adding own earlier successes until a
-   step trains as many tokens as the chosen sharing arm did). With ``--own-replay`` a second-stage
-   candidate, ``imitate_replay16_own``: imitate with the control's own replay rows at the control's
-   token budget, so that it differs from the control by the peers' rows alone.
+   step trains as many tokens as the chosen sharing arm did). With ``--own-replay`` second-stage
+   candidates: ``imitate_replay16_own``, imitate with the control's own replay rows at the control's
+   token budget, so that it differs from the control by the peers' rows alone, and the same with the
+   peers' rows at half weight.
 3. **The final seeds**: every chosen arm; the test split (200 problems per type) read once, at the
    end of each run. 100 steps of 4 prompts x 4 samples; rows of the supervised steps join the GRPO
    step (weight 1).
@@ -241,8 +242,8 @@ def main() -> None:
     ap.add_argument("--name", default="mutual_real_small")
     ap.add_argument("--quick", action="store_true", help="4 steps, 20 problems per type, one seed (a smoke test)")
     ap.add_argument("--own-replay", action="store_true",
-                    help="add the stage-2 sharing candidate imitate_replay16_own (imitate with the compute-matched "
-                    "control's own replay rows, at its token budget)")
+                    help="add the stage-2 sharing candidates imitate_replay16_own (imitate with the compute-matched "
+                    "control's own replay rows, at its token budget) and the same with peer rows at half weight")
     args = ap.parse_args()
     if args.quick:
         args.steps, args.evals, args.zero_shot_size, args.final_seeds = 4, 2, 20, args.tune_seeds
@@ -283,16 +284,18 @@ def main() -> None:
                   {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": {
                       "weight": SGT_LAMBDA, "extra_rows": 64, "match_tokens": tokens, "replay_steps": 16}}})
     if args.own_replay:  # stage 2: the control's own rows inside the sharing arm, at the control's budget
-        own = Arm("imitate_replay16_own", "sharing", "sharing", {"grpo": grpo, "sharing": {
-            "strategy": "imitate", "imitate": {"weight": SGT_LAMBDA, "replay_steps": 16, "own_extra_rows": 64,
-                                               "match_tokens": tokens}}})
-        study.run((own, s_) for s_ in sorted(set(tune) | set(final)))  # both cores busy; only validation is read
-        best = study.tune("sharing", [*sharing, own], tune)
+        own = {"weight": SGT_LAMBDA, "replay_steps": 16, "own_extra_rows": 64, "match_tokens": tokens}
+        stage2 = [Arm(name, "sharing", "sharing", {"grpo": grpo, "sharing": {"strategy": "imitate",
+                                                                             "imitate": {**own, **extra}}})
+                  for name, extra in (("imitate_replay16_own", {}),
+                                      ("imitate_replay16_own_pw0.5", {"peer_weight": SGT_LAMBDA / 2}))]
+        best = study.tune("sharing", [*sharing, *stage2], tune)
         study.notes.append("Sharing candidates in two stages: imitate and imitate_replay4 first (the matched "
-                           f"control's budget, {tokens} tokens a step, is the stage-1 choice's); then "
-                           "imitate_replay16_own (imitate with the control's own earlier successes up to the same "
-                           "budget: the two arms differ by the peers' rows), added after the first round's test "
-                           "figures were seen; all chosen on validation of the tuning seeds only.")
+                           f"control's budget, {tokens} tokens a step, is the stage-1 choice's); then, added after "
+                           "the first round's test figures were seen, imitate_replay16_own (imitate with the "
+                           "control's own earlier successes up to the same budget: the two arms differ by the "
+                           "peers' rows) and the same with the peers' rows at half weight; all chosen on validation "
+                           "of the tuning seeds only.")
     study.notes.append(f"Task mix chosen by the zero-shot study on validation problems: {', '.join(choice['tasks'])}; "
                        f"{args.prompts} prompts x {args.generations} samples per step, {args.steps} steps. "
                        f"Compute-matched control: self_imitate with own earlier successes until a step trains "
