@@ -280,6 +280,7 @@ def main() -> None:
     ctrl = study.tune("self_imitate", [ctrl], tune)
     best = study.tune("sharing", sharing, tune)
     tokens = round(study.per_step(best, tune, "train_tokens"))
+    budget_from = best.name
     matched = Arm("self_imitate_matched", "self_imitate_matched", "baseline",
                   {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": {
                       "weight": SGT_LAMBDA, "extra_rows": 64, "match_tokens": tokens, "replay_steps": 16}}})
@@ -299,7 +300,7 @@ def main() -> None:
     study.notes.append(f"Task mix chosen by the zero-shot study on validation problems: {', '.join(choice['tasks'])}; "
                        f"{args.prompts} prompts x {args.generations} samples per step, {args.steps} steps. "
                        f"Compute-matched control: self_imitate with own earlier successes until a step trains "
-                       f"{tokens} tokens ({best.name}'s per step on the tuning seeds).")
+                       f"{tokens} tokens ({budget_from}'s per step on the tuning seeds).")
     arms = (ind, ctrl, matched, best)
     study.run((a, s_) for s_ in final for a in arms)
     study.arms = {a.name: a for a in arms}
