@@ -88,6 +88,9 @@ class Study:
     out: Path
     jobs: int = 1
     reuse: bool = False
+    keep_checkpoints: bool = False
+    """Keep a finished run's checkpoints (default: removed once its compact record is written: the
+    record is all the study reads, and two checkpoints of the real-model pair take ~10 GB a run)."""
     arms: dict[str, Arm] = field(default_factory=dict)
     tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -163,6 +166,8 @@ class Study:
             else:
                 self._record(arm, seed, d)
                 self._trained.add(d)
+                if not self.keep_checkpoints:  # the record is what the study reads; a real model's are GBs
+                    shutil.rmtree(d / "checkpoints", ignore_errors=True)
                 print(f"[{self.name}] {arm.name} seed {seed} recorded ({self.runs_dir.name}/{arm.name}-seed{seed}.json)",
                       file=sys.stderr, flush=True)
         return left
