@@ -19,8 +19,9 @@ from mutualrl.config import RunConfig
 
 GPU_ALLREDUCE_GB_S = 100.0
 """Bus bandwidth of a GPU all-reduce within a node (NVLink-class; PCIe is ~10x less), GB/s."""
-CPU_ALLREDUCE_GB_S = 2.0
-"""Bandwidth of a gloo all-reduce between processes of one machine, GB/s (order of a measured figure)."""
+CPU_ALLREDUCE_GB_S = 1.0
+"""Bandwidth of a gloo all-reduce between processes of one machine, GB/s: SmolLM2-135M's 540 MB of
+fp32 gradients took 0.51 s between 2 ranks on a 2-core Xeon (``benchmarks/data_parallel.py``), 1.1 GB/s."""
 
 
 def allreduce_seconds(trainable_params: int, ranks: int, gb_s: float, bytes_per_param: int = 4) -> float:
