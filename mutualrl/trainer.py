@@ -102,6 +102,8 @@ class MutualTrainer:
         self._trackers: list[Tracker] = []
         self._created_run_dir = False
         self._resume_changes: dict[str, tuple[Any, Any]] = {}
+        self._wall_before = 0.0
+        self._t_start = time.perf_counter()
         self.placement: RunPlacement | None = None
         """The placed plan, MWRA's state and the scheduler realising it (from :meth:`train` on)."""
         self._prepare_run_dir()
@@ -181,7 +183,8 @@ class MutualTrainer:
             return [p.name for p in self.cfg.policies]
 
         position = self.scheduler.call_one(0, WorkerAPI.exchange_position)
-        return self.checkpoints.save(step, write_policies, {"exchange_position": int(position)})
+        return self.checkpoints.save(step, write_policies, {"exchange_position": int(position),
+                                                            "wall_s": self._wall_s()})
 
     def save_model(self, output_dir: str | Path | None = None, policy: str | Sequence[str] | None = None, *,
                    merge_lora: bool = False, dtype: str = "float32") -> list[Exported]:
@@ -214,6 +217,7 @@ class MutualTrainer:
             self.scheduler.call_one(i, WorkerAPI.load, str(ck / pol.name))
         self.scheduler.call_one(0, WorkerAPI.exchange_discard_after, int(state["exchange_position"]))
         self.start_step = int(state["next_step"])
+        self._wall_before = float(state.get("wall_s") or 0.0)  # earlier segments, up to this checkpoint
         self._truncate_metrics(self.start_step)
 
     def _truncate_metrics(self, next_step: int) -> None:
@@ -257,7 +261,7 @@ class MutualTrainer:
         """Run (or resume) the training loop. Returns a summary dict."""
         cfg = self.cfg
         self._trackers = []
-        t_start = time.perf_counter()
+        t_start = self._t_start = time.perf_counter()
         if self.run_dir is not None and not self.resume:
             self._init_files()
         try:  # the one placement step: plan, place, start the workers of the placed plan
@@ -297,7 +301,7 @@ class MutualTrainer:
                     self.placement.close()
                 for t in self._trackers:
                     t.close()
-        summary = self.summary(time.perf_counter() - t_start)
+        summary = self.summary(self._wall_s())
         if cfg.save_final_model and self.run_dir is not None:  # RUN_DIR/final/<policy>, from the final checkpoint
             self.save_model(self.run_dir / FINAL_DIR)
         return summary
@@ -419,8 +423,14 @@ class MutualTrainer:
                 if settled < steps and settled % cfg.eval_every == 0:
                     bar.set_eval(self.evaluate(settled))
 
+    def _wall_s(self) -> float:
+        """Wall seconds of the training kept so far: earlier segments up to the checkpoint this one
+        resumed from (the steps redone after it are not counted twice), plus this segment."""
+        return self._wall_before + time.perf_counter() - self._t_start
+
     def summary(self, wall_s: float) -> dict[str, Any]:
-        """The run's outcome (written to ``summary.json`` in the run directory): wall time, steps and
+        """The run's outcome (written to ``summary.json`` in the run directory): wall time (of a resumed
+        run: its segments together, up to the checkpoint each resumed from), steps and
         per policy its initial, final and best held-out accuracy on each split evaluated
         (``val_acc_*`` with a validation split, ``test_acc_*``: with a validation split the test split
         is read once, so its initial, final and best are the same figure)."""

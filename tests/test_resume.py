@@ -46,8 +46,11 @@ def test_a_steps_override_is_written_back_so_a_later_plain_resume_continues_to_i
     assert resolve_run(run, {}).config.steps == 4  # what eval, compare and a plain --resume read
     record = resumes(run)
     assert len(record) == 1 and record[0]["step"] == 2 and record[0]["changes"] == {"steps": {"old": 2, "new": 4}}
+    kept = json.loads((run / "checkpoints" / "step_000003" / "trainer_state.json").read_text())["wall_s"]
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0  # no --steps this time
     assert _trained_steps(run) == [0, 1, 2, 3]
+    # the summary's wall time is every segment's up to the checkpoint it resumed from, not the last one's
+    assert json.loads((run / "summary.json").read_text())["wall_s"] > kept > 0
     assert len(resumes(run)) == 1  # a resume that changes nothing records nothing
 
 
