@@ -236,6 +236,8 @@ def main() -> None:
                     help="take the zero-shot table (on validation problems) from this result JSON")
     ap.add_argument("--reuse", action="store_true")
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--parallel", type=int, default=None,
+                    help="runs at once (default --jobs; threads stay cores / jobs, so committed runs are reused)")
     ap.add_argument("--out", default="runs/study_real_small")
     ap.add_argument("--tune-seeds", default="0")
     ap.add_argument("--final-seeds", default="0,1,2")
@@ -265,7 +267,7 @@ def main() -> None:
     print(f"task mix: {choice['tasks']} (zero-shot on validation {choice['accuracy']}), extraction "
           f"{choice['extraction']}, formats {choice['formats']}", flush=True)
     study = Study(args.name, lambda seed: base_config(choice, args, seed), Path(args.out), jobs=args.jobs,
-                  reuse=args.reuse)
+                  reuse=args.reuse, parallel=args.parallel)
     tune, final = [int(x) for x in args.tune_seeds.split(",")], [int(x) for x in args.final_seeds.split(",")]
     ind = study.tune("independent", [Arm(f"independent_lr{n}", "independent", "baseline",
                                          {"grpo": {"learning_rate": lr}})

@@ -88,6 +88,9 @@ class Study:
     out: Path
     jobs: int = 1
     reuse: bool = False
+    parallel: int | None = None
+    """Runs at once (default ``jobs``): fewer than ``jobs`` keeps the runs' configs (threads = cores /
+    jobs) where memory does not hold ``jobs`` of them (two real-model runs peak at ~24 GB together)."""
     keep_checkpoints: bool = False
     """Keep a finished run's checkpoints (default: removed once its compact record is written: the
     record is all the study reads, and two checkpoints of the real-model pair take ~10 GB a run)."""
@@ -133,10 +136,11 @@ class Study:
             todo.append((arm, seed, d, resume))
         threads = max(1, (os.cpu_count() or 1) // max(1, self.jobs))
         running: list[tuple[Arm, int, Path, subprocess.Popen]] = []
+        at_once = max(1, self.parallel or self.jobs)
         for arm, seed, d, resume in todo:
-            while len(running) >= self.jobs:
+            while len(running) >= at_once:
                 running = self._reap(running)
-                if len(running) >= self.jobs:
+                if len(running) >= at_once:
                     time.sleep(2)
             cmd = [sys.executable, __file__, "--one", str(d)] + (["--resume"] if resume else [])
             env = dict(os.environ, OMP_NUM_THREADS=str(threads))
