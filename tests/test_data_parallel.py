@@ -254,6 +254,24 @@ def test_a_rank_killed_in_its_update_is_named_and_resume_is_exact(uninterrupted,
     assert _exchange_rows(cut) == _exchange_rows(full)  # none lost, none twice
 
 
+def test_a_rank_actor_killed_in_its_update_is_named_under_ray(uninterrupted, tmp_path, monkeypatch):
+    """Under the Ray scheduler, rank 1 of ``a`` dies inside its update of step 2 while rank 0 waits in
+    the collective: the run stops naming rank 1 and the last good checkpoint."""
+    ray = pytest.importorskip("ray")
+    from mutualrl.allocation import WorkerFailed
+    from mutualrl.trainer import MutualTrainer
+
+    if ray.is_initialized():
+        ray.shutdown()  # the actors must start with this test's environment
+    monkeypatch.setenv("MUTUALRL_FAULT_POINT", "update:3")
+    monkeypatch.setenv("MUTUALRL_FAULT_WORKER", "a rank 1")
+    cfg = dict(_two_rank_config(uninterrupted.tiny, "ray"), step_timeout_s=60.0)
+    with pytest.raises(WorkerFailed) as exc:
+        MutualTrainer(cfg, tmp_path / "cut", progress=False).train()
+    assert exc.value.worker == "a rank 1", str(exc.value)
+    assert exc.value.checkpoint is not None and exc.value.checkpoint.endswith("step_000002")
+
+
 def test_a_hung_rank_is_named_within_the_step_timeout(tiny_config, tmp_path, monkeypatch):
     """Rank 1 of ``a`` stops answering inside its update: after ``step_timeout_s`` the run stops naming
     rank 1 (the one behind in the collectives), not rank 0 that waits for it."""

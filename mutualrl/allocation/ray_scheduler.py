@@ -44,8 +44,10 @@ class RayPolicyWorker:
 
     def __init__(self, plan_json: str, index: int, run_dir: str | None, rank: int = 0) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        plan = RunPlan.from_dict(json.loads(plan_json))
+        os.environ["MUTUALRL_WORKER"] = plan.spec(index, rank).label  # as a local worker process is named
         # resolved and placed by the controller (a planned GPU is the bundle's, seen as cuda:0)
-        self.worker = PolicyWorker(RunPlan.from_dict(json.loads(plan_json)), index, run_dir, rank=rank)
+        self.worker = PolicyWorker(plan, index, run_dir, rank=rank)
 
     def call(self, method: str, args_json: str) -> str:
         """Run ``method(*args)``; the reply is JSON text with the result, wall and CPU time."""
