@@ -2,8 +2,8 @@
 
     python benchmarks/data_parallel.py [--steps 6] [--quick]
 
-For each model (the zoo pair's ``gpt2-add`` and ``llama-sub`` policies, and SmolLM2-135M from the
-``real-small`` preset) one policy trains alone under the local scheduler for ``--steps`` steps
+For each model (the zoo pair's ``gpt2-add`` and ``llama-sub`` policies, and SmolLM2-135M and
+Gemma-3-270M from the ``real-small`` preset) one policy trains alone under the local scheduler for ``--steps`` steps
 (the first is left out as warm-up): once as one worker with 2 torch threads, once as 2
 data-parallel ranks (``workers: 2``) with 1 thread each. Reported per model and layout: the mean
 step time (rollout, update), the gradient all-reduce's seconds and share of the step (measured in
@@ -32,7 +32,9 @@ from _common import git_rev, machine, write_result
 MODELS = {
     "zoo:gpt2-add": {"prompts": 64, "generations": 8, "max_new": 6},
     "zoo:llama-sub": {"prompts": 64, "generations": 8, "max_new": 6},
-    "real:smollm2": {"prompts": 4, "generations": 4, "max_new": 12},
+    "real:smollm2": {"prompts": 4, "generations": 4, "max_new": 12,
+                     "template": "Question: {question}\nAnswer:"},
+    "real:gemma3": {"prompts": 4, "generations": 4, "max_new": 12, "template": "{question} Answer: "},
 }
 
 
@@ -40,7 +42,7 @@ def config(model: str, workers: int, threads: int, steps: int) -> dict[str, Any]
     m = MODELS[model]
     task = {"preset": "zoo", "test_size": 20, "seed": 0, "reward": "exact"}
     return {"policies": [{"name": "p", "model": model, "workers": workers,
-                          **({"prompt_template": "Question: {question}\nAnswer:"} if model.startswith("real") else {})}],
+                          **({"prompt_template": m["template"]} if "template" in m else {})}],
             "task": task,
             "grpo": {"num_generations": m["generations"], "max_completion_length": m["max_new"],
                      "learning_rate": 1e-5 if model.startswith("real") else 1e-4, "dynamic_sampling": "off"},
