@@ -247,6 +247,8 @@ def main() -> None:
                     help="add the stage-2 sharing candidates imitate_replay16_own (imitate with the compute-matched "
                     "control's own replay rows, at its token budget) and the same with peer rows at half weight")
     args = ap.parse_args()
+    if args.own_replay and args.name == "mutual_real_small":  # stage 1's result is kept as it is
+        args.name = "mutual_real_small_stage2"
     if args.quick:
         args.steps, args.evals, args.zero_shot_size, args.final_seeds = 4, 2, 20, args.tune_seeds
         args.name = args.name + "_quick"
@@ -292,7 +294,7 @@ def main() -> None:
                                                                              "imitate": {**own, **extra}}})
                   for name, extra in (("imitate_replay16_own", {}),
                                       ("imitate_replay16_own_pw0.5", {"peer_weight": SGT_LAMBDA / 2}))]
-        best = study.tune("sharing", [*sharing, *stage2], tune)
+        best = study.tune("sharing_stage2", [best, *stage2], tune)
         study.notes.append("Sharing candidates in two stages: imitate and imitate_replay4 first (the matched "
                            f"control's budget, {tokens} tokens a step, is the stage-1 choice's); then, added after "
                            "the first round's test figures were seen, imitate_replay16_own (imitate with the "

@@ -46,7 +46,8 @@ from _common import RESULTS, git_rev, machine, write_result
 
 STEP_KEYS = ("reward_mean", "train_acc", "train_tokens", "optimizer_steps", "gen_tokens", "peer_rows", "loss",
              "step_s", "informative_group_frac", "zero_var_group_frac", "imitate_rescue", "imitate_own",
-             "self_imitate_extra", "sgt_rescue", "prp_peer_samples", "resample_rounds")
+             "self_imitate_extra", "imitate_own_extra", "imitate_replayed", "sgt_rescue", "prp_peer_samples",
+             "resample_rounds")
 """The per-step metrics a compact run keeps (besides step and policy)."""
 def spec_path(run_dir: Path) -> Path:
     """A run's spec beside its directory (``<arm>-seed<N>.spec.json``): arm, seed, config, revision."""
@@ -136,7 +137,7 @@ class Study:
             todo.append((arm, seed, d, resume))
         threads = max(1, (os.cpu_count() or 1) // max(1, self.jobs))
         running: list[tuple[Arm, int, Path, subprocess.Popen]] = []
-        at_once = max(1, self.parallel or self.jobs)
+        at_once = max(1, min(self.parallel or self.jobs, self.jobs))  # more than jobs would oversubscribe
         for arm, seed, d, resume in todo:
             while len(running) >= at_once:
                 running = self._reap(running)

@@ -162,3 +162,21 @@ def test_a_calibration_for_ranks_times_one_ranks_share_and_predicts_it(tiny_conf
     assert [g["prompts"] for g in got] == [2, 4] and [g["steps_kept"] for g in got] == [1, 1]
     assert sum(costs.seconds(0, 1.0)) / 2 == pytest.approx(got[0]["step_s"], rel=1e-6)
     assert sum(costs.seconds(1, 1.0)) == pytest.approx(got[1]["step_s"], rel=1e-6)
+
+
+def test_a_ranks_calibration_and_its_merged_online_steps_are_on_one_scale(tiny_config):
+    """One rank measured alone (the calibration: ``shard``) and the same rank's figures merged over
+    both ranks online (counts and CPU summed, wall times the slowest rank's: ``rank_times``) give the
+    cost model the same prediction."""
+    from mutualrl.allocation.cost import estimate_parameters
+
+    cfg = load_config({**tiny_config, "prompts_per_step": 4}, check_paths=False)
+    roll = {"rollout_s": 0.30, "gen_tokens": 40}
+    upd = {"update_s": 0.50, "train_tokens": 60}
+    a = CostModel(cfg, estimate_parameters(cfg), alpha=1.0)
+    a.observe(0, roll, upd, 1.0, rollout_cpu_s=0.28, update_cpu_s=0.45, shard=2)
+    before = a.seconds(0, 1.0)
+    merged_r = {"rollout_s": 0.30, "gen_tokens": 80}
+    merged_u = {"update_s": 0.50, "train_tokens": 120}
+    a.observe(0, merged_r, merged_u, 1.0, rollout_cpu_s=0.56, update_cpu_s=0.90, rank_times=2)
+    assert a.seconds(0, 1.0) == pytest.approx(before, rel=1e-9)

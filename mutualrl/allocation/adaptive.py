@@ -56,10 +56,15 @@ class AdaptivePlan:
         user-fixed threads are kept as they are."""
         if self.fixed or steps < 1:
             return
+        if self.resources.gpus:  # the GPU planners still price from the FLOP prior's per-device speed
+            self.say("--calibrate: skipped on GPUs (the GPU split is planned from the FLOP prior; it re-plans "
+                     "threads only once steps are measured)")
+            return
         first = self.allocation
         calibrate(self.cfg, self.costs, steps=steps, threads=[p.threads for p in first.placements],
                   ranks=[p.ranks for p in first.placements], say=self.say)
         self.allocation = plan(self.cfg, self.resources, self.costs)
+        self._last_replan_step = 0  # no re-plan on the workers' cold first steps: measure them first
         self.history.append({"step": None, "reason": f"calibrated on {steps} real step(s) before the start",
                              "time": time.time(), **self.allocation.to_dict()})
 
@@ -75,8 +80,10 @@ class AdaptivePlan:
             self._rollouts[index] = (result, cpu_s)
         elif method == "update":
             roll, roll_cpu = self._rollouts.pop(index, (None, None))
-            self.costs.observe(index, roll, result, self.allocation.placements[index].cpu_share,
-                               rollout_cpu_s=roll_cpu, update_cpu_s=cpu_s)
+            pl = self.allocation.placements[index]
+            w = max(1, pl.ranks)  # merged ranks: counts and CPU summed, wall times the slowest rank's
+            self.costs.observe(index, roll, result, pl.cpu_share / w, rollout_cpu_s=roll_cpu, update_cpu_s=cpu_s,
+                               rank_times=w)
 
     def maybe_replan(self, step: int | None) -> Allocation | None:
         """A better allocation when calibration shows imbalance above the threshold, else ``None``."""

@@ -13,6 +13,7 @@ costs (``mutualrl plan --calibrate``).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import statistics
 import time
@@ -45,13 +46,24 @@ def calibrate(cfg: RunConfig, costs: CostModel, *, steps: int = 3, threads: int 
         for i, pol in enumerate(cfg.policies):
             torch.set_num_threads(max(1, per[i]))
             prompts = max(1, math.ceil(cfg.prompts_per_step / shards[i]))
-            single = dataclasses.replace(cfg, policies=[dataclasses.replace(p, workers=1) for p in cfg.policies],
-                                         scheduler="sequential", prompts_per_step=prompts)
+            if pol.fsdp and shards[i] > 1:  # its whole training state on one device may not fit: not timed
+                if say:
+                    say(f"calibration: {pol.name} is sharded (fsdp) and left to the prior")
+                continue
+            # one worker in this process, on a private exchange (never the run's: its rows would look
+            # like the run's own), on a rank's share of the prompts
+            single = dataclasses.replace(cfg, policies=[dataclasses.replace(p, workers=1, fsdp=False)
+                                                        for p in cfg.policies],
+                                         scheduler="sequential", prompts_per_step=prompts, exchange="sqlite")
             worker = PolicyWorker(plan_of(single), i, None)
             try:
                 timed = [_timed_step(worker, step) for step in range(steps)]
             finally:
                 worker.close()
+                del worker
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
             kept = timed[1:] if len(timed) > 1 else timed
             roll, upd, cpu_r, cpu_u = _mean_step(kept)
             costs.observe(i, roll, upd, float(per[i]), rollout_cpu_s=cpu_r, update_cpu_s=cpu_u, shard=shards[i])

@@ -167,24 +167,33 @@ class CostModel:
     # ------------------------------------------------------------------ calibration
     def observe(self, index: int, rollout: dict[str, Any] | None, update: dict[str, Any] | None,
                 cores: float, rollout_cpu_s: float | None = None, update_cpu_s: float | None = None,
-                shard: int = 1) -> None:
+                shard: int = 1, rank_times: int = 1) -> None:
         """Fold one step's worker metrics (measured with a share of ``cores``) into the calibration.
 
         The work of a phase is the CPU time the worker process spent in it (``*_cpu_s``, summed
         over its threads) when the scheduler measured it -- this does not depend on how many
         cores the worker really got; otherwise ``rollout_s`` (``generate_s``) and ``update_s``
         (``train_s``) of the metrics are converted to one core with Amdahl's law at ``cores``.
-        FLOPs use the measured token counts (``gen_tokens``, ``train_tokens``). ``shard``: the
-        metrics are of one rank's part of the step (``1/shard`` of its prompts, as a policy on that
-        many ranks runs it): times and token counts stand for the whole step times ``shard``, which
-        is what the planner divides by the ranks again, so a rank's measured time is what it predicts.
+        FLOPs use the measured token counts (``gen_tokens``, ``train_tokens``).
+
+        A policy on N ranks is priced as N times one rank's step on its share of the cores (the
+        planner divides by N again). ``shard``: the metrics are of one rank's part of the step
+        (``1/shard`` of its prompts: the calibration), so times, CPU and token counts all stand for
+        ``1/shard`` of the step. ``rank_times``: the metrics are the ranks' merged reply (counts and
+        CPU summed over the ranks, wall times the slowest rank's, ``cores`` one rank's share), so only
+        the wall times stand for ``1/rank_times`` of the step.
         """
-        if shard > 1:
+        times = ("rollout_s", "generate_s", "update_s", "train_s")
+        counts = ("gen_tokens", "train_tokens", "prp_peer_samples")
+        if shard > 1 or rank_times > 1:
             def whole(d: dict[str, Any] | None) -> dict[str, Any] | None:
-                keys = ("rollout_s", "generate_s", "update_s", "train_s", "gen_tokens", "train_tokens",
-                        "prp_peer_samples")
-                return None if d is None else {k: (v * shard if k in keys and isinstance(v, (int, float)) else v)
-                                               for k, v in d.items()}
+                if d is None:
+                    return None
+                out = dict(d)
+                for k, v in d.items():
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        out[k] = v * shard * rank_times if k in times else v * shard if k in counts else v
+                return out
             rollout, update = whole(rollout), whole(update)
             rollout_cpu_s = rollout_cpu_s * shard if rollout_cpu_s else rollout_cpu_s
             update_cpu_s = update_cpu_s * shard if update_cpu_s else update_cpu_s

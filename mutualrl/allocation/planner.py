@@ -359,7 +359,12 @@ def evaluate_allocation(alloc: Allocation, costs: CostModel) -> Allocation:
     """The same placements with step times predicted by (newly calibrated) ``costs``."""
     out = []
     for p in alloc.placements:
-        r, u = costs.seconds(p.index, p.cpu_share)
+        w = max(1, p.ranks)
+        if p.gpu is None:  # as _cpu_placements prices it: each rank 1/w of the work on 1/w of the share
+            r, u = costs.seconds(p.index, p.cpu_share / w)
+            r, u = r / w, u / w + p.predicted_allreduce_s
+        else:
+            r, u = costs.seconds(p.index, p.cpu_share)
         out.append(Placement(**{**asdict(p), "predicted_rollout_s": r, "predicted_update_s": u}))
     return Allocation(out, alloc.resources, alloc.mode, costs.calibrated)
 

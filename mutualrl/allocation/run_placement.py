@@ -12,6 +12,7 @@ a re-plan is a new one.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,10 @@ def launch(scheduler: Scheduler, plan: RunPlan, run_dir: str | Path | None) -> R
         mwra = AdaptivePlan(cfg, venue.resources, threads=scheduler.threads or cfg.threads, allocation=allocation,
                             replan_threshold=scheduler.replan_threshold, verbose=scheduler.verbose and not one_process,
                             params=[None] * len(cfg.policies) if one_process else None)
-        if not one_process:  # the first plan from measured steps, when asked (Ray's bundles never move after)
+        if scheduler.calibrate_steps and (one_process or mwra.fixed):
+            print("--calibrate: nothing to plan (" + ("one process" if one_process else "threads or allocation "
+                  "fixed by the user") + "); not calibrated", file=sys.stderr, flush=True)
+        elif not one_process:  # the first plan from measured steps, when asked (Ray's bundles never move after)
             mwra.calibrate_first(scheduler.calibrate_steps)
         mwra.fixed = mwra.fixed or not venue.movable
         if venue.backend != "sequential":
