@@ -544,6 +544,13 @@ def test_imitate_mixes_peer_successes_where_failed_and_own_where_solved(task):
     assert batch.metrics["imitate_rescue"] == 2 and batch.metrics["imitate_replayed"] == 1
     ctx.sharing_blocks = {"imitate": {"max_rows": 1}}
     assert _build("imitate", ctx).metrics["imitate_rescue"] == 1
+    # a token budget: peers' rows only until the step trains that many tokens (here: one more row)
+    grpo_and_own = sum(len(r.completion_ids) for r in _build("imitate", ctx).rows if r.kind != "imitate") + \
+        len(groups[1].completion_ids[1])
+    ctx.sharing_blocks = {"imitate": {"match_tokens": grpo_and_own + 1}}
+    assert _build("imitate", ctx).metrics["imitate_rescue"] == 1
+    ctx.sharing_blocks = {"imitate": {"match_tokens": 0}}
+    assert _build("imitate", ctx).metrics["imitate_rescue"] == 2
     # peer rows may weigh differently from the own ones
     ctx.sharing_blocks = {"imitate": {"weight": 0.5, "peer_weight": 2.0}}
     weights = sorted(r.weight for r in _build("imitate", ctx).rows if r.kind == "imitate")

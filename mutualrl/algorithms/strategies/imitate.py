@@ -64,7 +64,9 @@ class ImitateSettings:
     besides (newest first), as ``self_imitate``'s ``extra_rows``: the sharing arm then has every row
     its compute-matched control has, with the peers' rows in place of some of them."""
     match_tokens: int = bounded(0, ge=0)
-    """With ``own_extra_rows``: add them only until the step trains this many tokens (0: all)."""
+    """A token budget for the step (its GRPO rows and likelihood rows together; 0: none): the peers'
+    rows are added only until the step trains this many tokens, then ``own_extra_rows`` fill what is
+    left, so the arm trains what its compute-matched control does, with peers' rows first."""
 
 
 @dataclass
@@ -99,8 +101,11 @@ def imitate(ctx: ShareContext, batch: TrainBatch, s: ImitateSettings) -> None:
     seen: set[str] = set()
     rescue = replayed = 0
     cap = ctx.rank_share(s.max_rows)
+    # with a token budget the peers' rows come first within it, then own earlier successes fill it
+    budget = ctx.rank_share(s.match_tokens) if s.match_tokens else 0
+    tokens = trained_tokens(batch, ctx.options) + sum(len(r.completion_ids) for r in own_rows)
     for k, (problem, prompt_ids, successes) in enumerate(candidates):
-        if rescue >= cap:
+        if rescue >= cap or (budget and tokens >= budget):
             break
         if problem.id in seen:
             continue
@@ -108,6 +113,7 @@ def imitate(ctx: ShareContext, batch: TrainBatch, s: ImitateSettings) -> None:
         if found is None:
             continue
         batch.rows.append(TrainRow(prompt_ids, found[0], 0.0, None, IMITATE, None, peer_weight))
+        tokens += len(found[0])
         batch.peer_rows[found[2]] += 1
         seen.add(problem.id)
         rescue += 1
