@@ -198,12 +198,18 @@ def test_a_step_that_reads_no_peer_runs_with_one_policy(tiny_config):
         load_config(dict(one, sharing={"strategy": "imitate"}))
 
 
-def test_self_imitate_extra_rows_come_from_own_earlier_successes(task):
-    groups = _groups(task)
+def _ctx_with_own_history(task):
+    """This step's two groups (one solved), every text encodable, and three own successes of an
+    earlier step: (the context, those earlier problems)."""
     older = task.problems("train")[5:8]
-    ctx = ShareContext(groups, PeerRows(), GRPOOptions(dynamic_sampling="off"),
+    ctx = ShareContext(_groups(task), PeerRows(), GRPOOptions(dynamic_sampling="off"),
                        lambda ps, cs: ([1.0] * len(cs), [1.0] * len(cs)), lambda ids, t: [ord(c) for c in t] + [0],
                        own_history=[PastSuccess(p, [9], p.answer, 0) for p in older])
+    return ctx, older
+
+
+def test_self_imitate_extra_rows_come_from_own_earlier_successes(task):
+    ctx, older = _ctx_with_own_history(task)
     plain = build_batch("self_imitate", ctx)
     assert sum(r.kind == "self_imitate" for r in plain.rows) == 1  # one solved prompt this step
     matched = build_batch("self_imitate", ctx, {"self_imitate": {"extra_rows": 2, "replay_steps": 3}})
@@ -222,11 +228,7 @@ def test_self_imitate_extra_rows_come_from_own_earlier_successes(task):
 def test_imitate_own_extra_rows_are_the_controls_rows_under_imitates_kind(task):
     """imitate with own_extra_rows trains the same own earlier successes its compute-matched control
     (self_imitate with extra_rows) would, so at equal tokens the arms differ by the peers' rows only."""
-    groups = _groups(task)
-    older = task.problems("train")[5:8]
-    ctx = ShareContext(groups, PeerRows(), GRPOOptions(dynamic_sampling="off"),
-                       lambda ps, cs: ([1.0] * len(cs), [1.0] * len(cs)), lambda ids, t: [ord(c) for c in t] + [0],
-                       own_history=[PastSuccess(p, [9], p.answer, 0) for p in older])
+    ctx, older = _ctx_with_own_history(task)
     plain = build_batch("imitate", ctx)
     assert "imitate_own_extra" not in plain.metrics and sum(r.kind == "imitate" for r in plain.rows) == 1
     both = {"extra_rows": 2, "replay_steps": 3}

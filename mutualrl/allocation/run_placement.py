@@ -112,8 +112,7 @@ def launch(scheduler: Scheduler, plan: RunPlan, run_dir: str | Path | None) -> R
         elif not one_process:  # the first plan from measured steps, when asked (Ray's bundles never move after)
             mwra.calibrate_first(scheduler.calibrate_steps)
         mwra.fixed = mwra.fixed or not venue.movable
-        if venue.backend != "sequential":
-            mwra.say(mwra.allocation.describe())
+        mwra.say(mwra.allocation.describe())  # quiet in one process (not verbose there)
         placed = RunPlacement(scheduler, plan.unplaced(), venue, mwra, rd)
         placed.start()
     except BaseException:
