@@ -225,6 +225,10 @@ def base_config(choice: dict[str, Any], args: argparse.Namespace, seed: int) -> 
     return base
 
 
+FINAL_ARMS = ("independent", "self_imitate", "matched", "sharing")
+"""The chosen arms a study can train on its final seeds (``--final-arms``)."""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=100)
@@ -241,12 +245,19 @@ def main() -> None:
     ap.add_argument("--out", default="runs/study_real_small")
     ap.add_argument("--tune-seeds", default="0")
     ap.add_argument("--final-seeds", default="0,1,2")
+    ap.add_argument("--final-arms", default="independent,self_imitate,matched,sharing",
+                    help="which chosen arms train on the final seeds (comma-separated of independent, "
+                    "self_imitate, matched, sharing): the headline needs only matched and sharing")
     ap.add_argument("--name", default="mutual_real_small")
     ap.add_argument("--quick", action="store_true", help="4 steps, 20 problems per type, one seed (a smoke test)")
     ap.add_argument("--own-replay", action="store_true",
                     help="add the stage-2 sharing candidates imitate_replay16_own (imitate with the compute-matched "
                     "control's own replay rows, at its token budget) and the same with peer rows at half weight")
     args = ap.parse_args()
+    wanted = [x.strip() for x in args.final_arms.split(",") if x.strip()]
+    if not wanted or set(wanted) - set(FINAL_ARMS):  # before any run: a typo must not cost an hour
+        ap.error(f"--final-arms: {args.final_arms!r} names {sorted(set(wanted) - set(FINAL_ARMS)) or 'no arm'}; "
+                 f"choose from {', '.join(FINAL_ARMS)}")
     if args.own_replay and args.name == "mutual_real_small":  # stage 1's result is kept as it is
         args.name = "mutual_real_small_stage2"
     if args.quick:
@@ -305,7 +316,10 @@ def main() -> None:
                        f"{args.prompts} prompts x {args.generations} samples per step, {args.steps} steps. "
                        f"Compute-matched control: self_imitate with own earlier successes until a step trains "
                        f"{tokens} tokens ({budget_from}'s per step on the tuning seeds).")
-    arms = (ind, ctrl, matched, best)
+    chosen = {"independent": ind, "self_imitate": ctrl, "matched": matched, "sharing": best}
+    arms = tuple(a for w, a in chosen.items() if w in wanted)
+    if len(arms) < len(chosen):
+        study.notes.append(f"Final seeds {args.final_seeds} trained only: {', '.join(a.name for a in arms)}.")
     study.run((a, s_) for s_ in final for a in arms)
     study.arms = {a.name: a for a in arms}
     dirs = [Path(args.out) / f"{a.name}-seed{s_}" for a in arms for s_ in final]
