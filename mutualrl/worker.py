@@ -332,8 +332,8 @@ class PolicyWorker(WorkerAPI):
         m = dict(batch.metrics)
         m.update(stats)
         m["sync_s"] = t_sync
-        if self.ranks.active:
-            m["allreduce_s"] = self.ranks.gradient_sync_s - sync0
+        if self.ranks.active:  # merged: the largest (the rank that waited longest) and the smallest
+            m["allreduce_s"] = m["allreduce_s_min"] = self.ranks.gradient_sync_s - sync0  # (~ the transfer)
         m["rss_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if self.policy.device.type == "cuda":
             m["cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.policy.device) / 2**20

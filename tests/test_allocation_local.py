@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +125,34 @@ def test_async_fast_worker_runs_at_most_k_steps_ahead(tiny_config, k):
     trainer._loop_async(Bar())
     assert trainer.scheduler.max_lead == k  # worker 0 got exactly k steps ahead, never more
     assert [[r["policy"] for r in rows] for rows in logged] == [["a", "b"]] * 6
+
+
+def test_a_calibration_in_workers_times_the_run_as_placed(tiny_config, monkeypatch):
+    """``calibrate_in_workers``: the run's own worker processes, every rank of every policy at once on a
+    private exchange, timed through the same path as a running step: every policy is measured, the
+    ranks' all-reduce is calibrated apart, and the planner's step for that placement is the measured one;
+    the workers are gone afterwards."""
+    from mutualrl.allocation.calibrate import calibrate_in_workers
+    from mutualrl.allocation.cost import CostModel, estimate_parameters
+    from mutualrl.allocation.planner import Resources, evaluate_allocation, plan
+
+    cfg = _config(tiny_config, scheduler="local", sharing={"strategy": "imitate"},
+                  policies=[{**tiny_config["policies"][0], "workers": 2}, tiny_config["policies"][1]],
+                  # a dense reward (shorter is better), no filtering: every step trains, so the ranks all-reduce
+                  task=dict(tiny_config["task"], reward_functions=["test_trainer:reward_brevity"]),
+                  grpo=dict(tiny_config["grpo"], dynamic_sampling="off"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.path.dirname(__file__),
+                                                                    os.environ.get("PYTHONPATH")])))
+    costs = CostModel(cfg, estimate_parameters(cfg), alpha=1.0)
+    first = plan(cfg, Resources(2.0), costs)
+    assert [p.ranks for p in first.placements] == [2, 1]
+    got = calibrate_in_workers(cfg, costs, first, steps=2)
+    assert costs.calibrated and [g["steps_kept"] for g in got] == [1, 1]
+    assert got[0]["ranks"] == 2 and got[0]["allreduce_s"] > 0 and costs.to_dict()["policies"][0]["allreduce_measured"] == 1
+    predicted = evaluate_allocation(first, costs)
+    for p, g in zip(predicted.placements, got, strict=True):
+        assert p.predicted_step_s == pytest.approx(g["step_s"], rel=1e-6)
+    children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+    if children.is_file():  # Linux: no worker process of the calibration is left
+        assert [int(c) for c in children.read_text().split() if Path(f"/proc/{c}/cmdline").is_file()
+                and b"worker_main" in Path(f"/proc/{c}/cmdline").read_bytes()] == []

@@ -180,3 +180,28 @@ def test_a_ranks_calibration_and_its_merged_online_steps_are_on_one_scale(tiny_c
     merged_u = {"update_s": 0.50, "train_tokens": 120}
     a.observe(0, merged_r, merged_u, 1.0, rollout_cpu_s=0.56, update_cpu_s=0.90, rank_times=2)
     assert a.seconds(0, 1.0) == pytest.approx(before, rel=1e-9)
+
+
+def test_the_ranks_allreduce_is_calibrated_apart_from_their_compute(tiny_config):
+    """Merged rank replies carry the all-reduce (``allreduce_s_min``: the transfer, without waiting for
+    the slowest rank): the cost model takes it out of the update, calibrates the bandwidth from it,
+    and the planner's step on the same layout (compute / N + the all-reduce) is the measured step;
+    before any measurement the all-reduce is the prior bandwidth's."""
+    from mutualrl.allocation.cost import estimate_parameters
+    from mutualrl.allocation.data_parallel import CPU_ALLREDUCE_GB_S, allreduce_seconds
+
+    cfg = load_config({**tiny_config, "prompts_per_step": 4, "scheduler": "local", "policies": [
+        {**tiny_config["policies"][0], "workers": 2}, tiny_config["policies"][1]]}, check_paths=False)
+    costs = CostModel(cfg, estimate_parameters(cfg), alpha=1.0)
+    params = costs.effective_params(0)
+    assert costs.allreduce_s(0, 2) == pytest.approx(allreduce_seconds(params, 2, CPU_ALLREDUCE_GB_S))
+    roll = {"rollout_s": 0.30, "gen_tokens": 80}
+    upd = {"update_s": 0.50, "train_s": 0.45, "train_tokens": 120, "allreduce_s": 0.12, "allreduce_s_min": 0.08}
+    costs.observe(0, roll, upd, 0.5, rollout_cpu_s=0.56, update_cpu_s=0.90, rank_times=2)
+    assert costs.allreduce_s(0, 2) == pytest.approx(0.08)
+    assert costs.to_dict()["policies"][0]["allreduce_gb_s"] == pytest.approx(
+        allreduce_seconds(params, 2, 1.0) / 0.08)
+    r, u = costs.seconds(0, 0.5)
+    assert r / 2 + u / 2 + costs.allreduce_s(0, 2) == pytest.approx(0.30 + 0.50, rel=1e-9)
+    assert costs.allreduce_s(1, 2) == pytest.approx(  # the other policy: still the prior
+        allreduce_seconds(costs.effective_params(1), 2, CPU_ALLREDUCE_GB_S))

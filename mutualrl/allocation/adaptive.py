@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mutualrl.allocation.calibrate import calibrate
+from mutualrl.allocation.calibrate import calibrate, calibrate_in_workers
 from mutualrl.allocation.cost import CostModel, estimate_parameters
 from mutualrl.allocation.planner import Allocation, Placement, Resources, plan, should_replan
 from mutualrl.config import RunConfig
@@ -49,11 +49,13 @@ class AdaptivePlan:
         self._rollouts: dict[int, dict[str, Any]] = {}
         self._last_replan_step = -10**9
 
-    def calibrate_first(self, steps: int) -> None:
-        """Before any worker starts: time ``steps`` real steps of each policy as one of its ranks would
-        run them (:func:`~mutualrl.allocation.calibrate.calibrate`, in this process) and plan again from
-        the measurements, so that the first plan is not the FLOP prior's. A fixed allocation or
-        user-fixed threads are kept as they are."""
+    def calibrate_first(self, steps: int, *, in_workers: bool = True) -> None:
+        """Before the run's workers start: time ``steps`` real steps and plan again from the
+        measurements, so that the first plan is not the FLOP prior's. ``in_workers``: the whole run as
+        the prior plan places it, in worker processes of this machine
+        (:func:`~mutualrl.allocation.calibrate.calibrate_in_workers`); otherwise each policy alone in
+        this process as one of its ranks would run (:func:`~mutualrl.allocation.calibrate.calibrate`:
+        Ray). A fixed allocation or user-fixed threads are kept as they are."""
         if self.fixed or steps < 1:
             return
         if self.resources.gpus:  # the GPU planners still price from the FLOP prior's per-device speed
@@ -61,8 +63,11 @@ class AdaptivePlan:
                      "threads only once steps are measured)")
             return
         first = self.allocation
-        calibrate(self.cfg, self.costs, steps=steps, threads=[p.threads for p in first.placements],
-                  ranks=[p.ranks for p in first.placements], say=self.say)
+        if in_workers:
+            calibrate_in_workers(self.cfg, self.costs, first, steps=steps, say=self.say)
+        else:
+            calibrate(self.cfg, self.costs, steps=steps, threads=[p.threads for p in first.placements],
+                      ranks=[p.ranks for p in first.placements], say=self.say)
         self.allocation = plan(self.cfg, self.resources, self.costs)
         self._last_replan_step = 0  # no re-plan on the workers' cold first steps: measure them first
         self.history.append({"step": None, "reason": f"calibrated on {steps} real step(s) before the start",

@@ -19,10 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ray", action="store_true", help="plan for the Ray cluster (RAY_ADDRESS or a local one)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--calibrate", type=int, nargs="?", const=3, default=None, metavar="STEPS",
-                   help="first time STEPS (default 3; the first is a warm-up) real steps of each policy alone on "
-                   "this machine, as one of its ranks runs them (the threads and share of the prompts the plan "
-                   "gives a rank), and plan from those measurements instead of the FLOP prior (loads every "
-                   "model; minutes for real models)")
+                   help="first time STEPS (default 3; the first is a warm-up) real steps and plan from those "
+                   "measurements instead of the FLOP prior: on this machine's cores, the whole run as the prior "
+                   "plan places it (every rank of every policy at once, in worker processes, on a private "
+                   "exchange); with --ray, --resources or GPUs, each policy alone in this process as one of its "
+                   "ranks runs (loads every model; minutes for real models)")
     p.set_defaults(func=cmd_plan)
 
 
@@ -52,10 +53,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.calibrate is not None:
             if args.calibrate < 1:
                 raise UserError(f"--calibrate takes a positive number of steps, got {args.calibrate}")
-            from mutualrl.allocation.calibrate import calibrate
+            from mutualrl.allocation.calibrate import calibrate, calibrate_in_workers
 
-            calibrate(cfg, costs, steps=args.calibrate, threads=[p.threads for p in alloc.placements],
-                      ranks=[p.ranks for p in alloc.placements], say=lambda m: print(m, file=sys.stderr, flush=True))
+            say = lambda m: print(m, file=sys.stderr, flush=True)
+            if args.ray or args.resources or resources.gpus:  # not this machine's cores: each policy alone here
+                calibrate(cfg, costs, steps=args.calibrate, threads=[p.threads for p in alloc.placements],
+                          ranks=[p.ranks for p in alloc.placements], say=say)
+            else:  # the run as this plan places it on this machine's worker processes
+                calibrate_in_workers(cfg, costs, alloc, steps=args.calibrate, say=say)
             alloc = plan(cfg, resources, costs)
         if args.json:
             print(json.dumps({"plan": alloc.to_dict(), "costs": costs.to_dict()}, indent=1))

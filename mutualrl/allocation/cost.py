@@ -29,6 +29,7 @@ import torch
 
 from mutualrl import zoo
 from mutualrl.algorithms.sharing import parse_strategy
+from mutualrl.allocation.data_parallel import CPU_ALLREDUCE_GB_S, allreduce_seconds
 from mutualrl.config import RunConfig
 from mutualrl.modelref import ModelRef
 
@@ -108,6 +109,8 @@ class CostModel:
     _roll: list[_Ema] = field(default_factory=list)
     _upd: list[_Ema] = field(default_factory=list)
     _kappa: list[_Ema] = field(default_factory=list)
+    _comm: list[_Ema] = field(default_factory=list)
+    """Per policy: seconds of its gradient all-reduce per second a 1 GB/s ring would take (1 / GB/s)."""
 
     def __post_init__(self) -> None:
         k = len(self.cfg.policies)
@@ -117,6 +120,8 @@ class CostModel:
             self._roll = [_Ema(PRIOR_CORE_S_PER_FLOP) for _ in range(k)]
             self._upd = [_Ema(PRIOR_CORE_S_PER_FLOP) for _ in range(k)]
             self._kappa = [_Ema(1.0) for _ in range(k)]
+        if not self._comm:
+            self._comm = [_Ema(1.0 / CPU_ALLREDUCE_GB_S) for _ in range(k)]
 
     # ------------------------------------------------------------------ predictions
     def effective_params(self, index: int) -> int:
@@ -154,6 +159,11 @@ class CostModel:
         f = self.parallel_fraction
         return (1.0 - f) + f / max(cores, 1e-6)
 
+    def allreduce_s(self, index: int, ranks: int) -> float:
+        """Predicted seconds of policy ``index``'s gradient all-reduce over ``ranks`` CPU workers: the
+        ring's bytes at the bandwidth its ranks measured (:data:`CPU_ALLREDUCE_GB_S` until then)."""
+        return allreduce_seconds(self.effective_params(index), ranks, 1.0) * self._comm[index].value
+
     @property
     def calibrated(self) -> bool:
         """True once every policy has at least one measured rollout and update."""
@@ -183,6 +193,8 @@ class CostModel:
         CPU summed over the ranks, wall times the slowest rank's, ``cores`` one rank's share), so only
         the wall times stand for ``1/rank_times`` of the step.
         """
+        if update is not None and rank_times > 1:
+            update, update_cpu_s = self._fold_allreduce(index, update, update_cpu_s, rank_times)
         times = ("rollout_s", "generate_s", "update_s", "train_s")
         counts = ("gen_tokens", "train_tokens", "prp_peer_samples")
         if shard > 1 or rank_times > 1:
@@ -229,6 +241,25 @@ class CostModel:
             work = c.rollout_flops * self._roll[index].value + c.update_flops * self._upd[index].value
             self._kappa[index].update(wall / max(work * self.scale(cores), 1e-12), self.alpha)
 
+    def _fold_allreduce(self, index: int, update: dict[str, Any], cpu_s: float | None,
+                        ranks: int) -> tuple[dict[str, Any], float | None]:
+        """Calibrate the all-reduce from the ranks' merged update and take it out of the update's
+        times (the planner adds it back per layout). Its transfer is the smallest rank's sync time
+        (``allreduce_s_min``: the others' also wait for the slowest rank's compute)."""
+        comm = _first(update, "allreduce_s_min", "allreduce_s")
+        unit = allreduce_seconds(self.effective_params(index), ranks, 1.0)
+        if comm is None or comm <= 0 or unit <= 0:
+            return update, cpu_s
+        self._comm[index].update(comm / unit, self.alpha)
+        out = dict(update)
+        for k in ("update_s", "train_s"):
+            v = _first(update, k)
+            if v is not None:
+                out[k] = max(0.1 * v, v - comm)
+        if cpu_s:  # every rank spent about the transfer in the collective
+            cpu_s = max(0.1 * cpu_s, cpu_s - comm * ranks)
+        return out, cpu_s
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able state: parameters, FLOPs and the calibrated factors per policy."""
         out = []
@@ -240,6 +271,7 @@ class CostModel:
                         "rollout_core_s": r, "update_core_s": u,
                         "rollout_s_per_flop": self._roll[i].value, "update_s_per_flop": self._upd[i].value,
                         "scaling_correction": self._kappa[i].value,
+                        "allreduce_gb_s": 1.0 / max(self._comm[i].value, 1e-12), "allreduce_measured": self._comm[i].n,
                         "measured_steps": min(self._roll[i].n, self._upd[i].n)})
         return {"parallel_fraction": self.parallel_fraction, "policies": out}
 

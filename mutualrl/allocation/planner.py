@@ -28,7 +28,6 @@ from mutualrl.allocation.cost import (
     estimate_parameters,
 )
 from mutualrl.allocation.data_parallel import (
-    CPU_ALLREDUCE_GB_S,
     GPU_ALLREDUCE_GB_S,
     allreduce_seconds,
     fixed_ranks,
@@ -231,7 +230,7 @@ def _cpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], cores: flo
         w = ranks[i] or 1  # auto: one worker on CPU cores (more only add the all-reduce)
         r, u = costs.seconds(i, s / w)  # each rank: 1/w of the work on 1/w of the share
         r, u = r / w, u / w
-        ar = allreduce_seconds(costs.effective_params(i), w, CPU_ALLREDUCE_GB_S)
+        ar = costs.allreduce_s(i, w)
         out.append(Placement(i, cfg.policies[i].name, costs.effective_params(i), s, max(1, t // w), n, node,
                              predicted_rollout_s=r, predicted_update_s=u + ar, ranks=w, predicted_allreduce_s=ar))
     return out
@@ -361,11 +360,14 @@ def evaluate_allocation(alloc: Allocation, costs: CostModel) -> Allocation:
     for p in alloc.placements:
         w = max(1, p.ranks)
         if p.gpu is None:  # as _cpu_placements prices it: each rank 1/w of the work on 1/w of the share
+            ar = costs.allreduce_s(p.index, w)
             r, u = costs.seconds(p.index, p.cpu_share / w)
-            r, u = r / w, u / w + p.predicted_allreduce_s
+            r, u = r / w, u / w + ar
         else:
+            ar = p.predicted_allreduce_s
             r, u = costs.seconds(p.index, p.cpu_share)
-        out.append(Placement(**{**asdict(p), "predicted_rollout_s": r, "predicted_update_s": u}))
+        out.append(Placement(**{**asdict(p), "predicted_rollout_s": r, "predicted_update_s": u,
+                                "predicted_allreduce_s": ar}))
     return Allocation(out, alloc.resources, alloc.mode, costs.calibrated)
 
 

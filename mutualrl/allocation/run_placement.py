@@ -110,7 +110,7 @@ def launch(scheduler: Scheduler, plan: RunPlan, run_dir: str | Path | None) -> R
             print("--calibrate: nothing to plan (" + ("one process" if one_process else "threads or allocation "
                   "fixed by the user") + "); not calibrated", file=sys.stderr, flush=True)
         elif not one_process:  # the first plan from measured steps, when asked (Ray's bundles never move after)
-            mwra.calibrate_first(scheduler.calibrate_steps)
+            mwra.calibrate_first(scheduler.calibrate_steps, in_workers=venue.backend == "local")
         mwra.fixed = mwra.fixed or not venue.movable
         mwra.say(mwra.allocation.describe())  # quiet in one process (not verbose there)
         placed = RunPlacement(scheduler, plan.unplaced(), venue, mwra, rd)
