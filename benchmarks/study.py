@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import shutil
@@ -187,7 +188,8 @@ class Study:
             return False
 
     def _recorded(self, arm: Arm, seed: int, cfg: dict[str, Any]) -> bool:
-        """Whether ``runs_dir`` already holds this run's compact record, trained on the same config.
+        """Whether ``runs_dir`` already holds this run's compact record, trained on the same config
+        (torch ``threads`` aside).
 
         The records are what is committed, so a study continued on a fresh machine (its run directories
         gone) reuses them instead of retraining."""
@@ -195,10 +197,13 @@ class Study:
 
         path = self.runs_dir / f"{arm.name}-seed{seed}.json"
         try:
-            return load_config(json.loads(path.read_text())["config"], check_paths=False) == load_config(
-                cfg, check_paths=False)
+            recorded = load_config(json.loads(path.read_text())["config"], check_paths=False)
+            wanted = load_config(cfg, check_paths=False)
         except (OSError, ValueError, KeyError):
             return False
+        # torch threads set the speed, not the training: a record trained on other threads is kept (its
+        # config, threads included, stays in the record)
+        return dataclasses.replace(recorded, threads=None) == dataclasses.replace(wanted, threads=None)
 
     def _finished(self, d: Path, cfg: dict[str, Any]) -> bool:
         return (d / "summary.json").is_file() and self._same_spec(d, cfg)
@@ -241,6 +246,10 @@ class Study:
 
     def write(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Aggregate the recorded runs of this study's arms into ``results/<name>.json`` and the report."""
+        threads = sorted({r["config"].get("threads") or 0 for r in load_compacts(self.runs_dir) if r["arm"] in self.arms})
+        if len(threads) > 1:
+            self.notes.append(f"Runs trained on {' or '.join(map(str, threads))} torch threads (records reused "
+                              "across a change of threads, which sets the speed, not the training).")
         result = aggregate(self.name, [a.name for a in self.arms.values()])
         mach = machine()
         mach["load_avg"] = {"start": self.load_start, "end": os.getloadavg()[0]}

@@ -62,3 +62,24 @@ def test_with_a_validation_split_the_test_split_is_read_once_at_the_end(tiny_con
     assert [r["step"] for r in evals if "test_acc" in r] == [4, 4]  # once per policy, at the end
     assert set(summary["policies"]["a"]) == {"val_acc_initial", "val_acc_final", "val_acc_best",
                                              "test_acc_initial", "test_acc_final", "test_acc_best"}
+
+
+def test_a_study_reuses_a_committed_record_trained_on_other_threads_only(tiny_config, tmp_path, monkeypatch):
+    """A study continued with other torch ``threads`` (a machine setting) keeps the committed record of
+    a run; any change of what is trained retrains it."""
+    import importlib
+    import json
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    study_mod = importlib.import_module("study")
+    assert study_mod.__file__ and "benchmarks" in study_mod.__file__, sys.path[:2]
+    monkeypatch.setattr(study_mod, "RESULTS", tmp_path)
+    s = study_mod.Study("t", lambda seed: dict(tiny_config, threads=1), tmp_path / "runs", reuse=True)
+    arm = study_mod.Arm("a", "independent", "baseline", {})
+    (tmp_path / "t_runs").mkdir()
+    (tmp_path / "t_runs" / "a-seed0.json").write_text(json.dumps({"config": s.config(arm, 0)}))
+    assert s._recorded(arm, 0, dict(s.config(arm, 0), threads=2))
+    assert not s._recorded(arm, 0, dict(s.config(arm, 0), steps=7))
+    assert not s._recorded(arm, 1, s.config(arm, 1))
