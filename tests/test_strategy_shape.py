@@ -319,3 +319,19 @@ def test_the_strategy_list_the_cli_shows_is_the_registry(tmp_path, monkeypatch, 
     assert main(["strategies", "--module", "no_such_module_z"]) == 2
     train = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
     assert all(f in " ".join(train.split()) for f in RESUMABLE)
+
+
+@pytest.mark.parametrize("block,field", [({"imitate": {"own_extra_rows": 4}}, "sharing.imitate.own_extra_rows"),
+                                         ({"self_imitate": {"extra_rows": 4}}, "sharing.self_imitate.extra_rows")])
+def test_earlier_own_rows_without_replay_steps_are_refused_naming_the_field(tiny_config, block, field):
+    """Earlier own successes come from the last ``replay_steps`` steps: asking for them with none is
+    refused at load time, naming the field and the fix, instead of silently adding nothing."""
+    from mutualrl.errors import ConfigError
+    from mutualrl.resolve import load_config
+
+    strategy = next(iter(block))
+    with pytest.raises(ConfigError) as exc:
+        load_config(dict(tiny_config, sharing={"strategy": strategy, **block}), check_paths=False)
+    assert exc.value.field == field and "replay_steps >= 1" in str(exc.value)
+    load_config(dict(tiny_config, sharing={"strategy": strategy, strategy: {**block[strategy], "replay_steps": 2}}),
+                check_paths=False)

@@ -36,6 +36,7 @@ from mutualrl.algorithms.sharing import (
     trained_tokens,
     verified_successes,
 )
+from mutualrl.errors import ConfigError
 from mutualrl.schema import bounded
 
 IMITATE = "imitate"
@@ -68,6 +69,9 @@ class ImitateSettings:
     rows are added only until the step trains this many tokens, then ``own_extra_rows`` fill what is
     left, so the arm trains what its compute-matched control does, with peers' rows first."""
 
+    def __post_init__(self) -> None:
+        _needs_replay(self.own_extra_rows, self.replay_steps, "sharing.imitate.own_extra_rows")
+
 
 @dataclass
 class SelfImitateSettings:
@@ -86,6 +90,18 @@ class SelfImitateSettings:
     tokens a step (0: every extra row)."""
     replay_steps: int = bounded(0, ge=0)
     """How many earlier steps ``extra_rows`` may come from."""
+
+    def __post_init__(self) -> None:
+        _needs_replay(self.extra_rows, self.replay_steps, "sharing.self_imitate.extra_rows")
+
+
+def _needs_replay(rows: int, replay_steps: int, field: str) -> None:
+    """Earlier own successes come from the last ``replay_steps`` steps: rows without them would be a
+    silent no-op."""
+    if isinstance(rows, int) and rows > 0 and isinstance(replay_steps, int) and replay_steps < 1:
+        head = field.rsplit(".", 1)[0]
+        raise ConfigError(field, f"{rows} rows of earlier own successes need {head}.replay_steps >= 1 (the "
+                          f"steps they may come from); set it, or {field.rsplit('.', 1)[1]}: 0")
 
 
 @register_strategy("imitate", settings=ImitateSettings,
