@@ -283,35 +283,64 @@ def _val(run: Mapping[str, Any]) -> float:
 
 def aggregate(name: str, arms: Sequence[str] | None = None) -> dict[str, Any]:
     """The study's figures from its compact runs alone: per arm accuracy and compute, the pairwise
-    differences, the peers' share and the efficiency comparisons (see the module docstring)."""
-    from mutualrl import evidence
+    differences, the peers' share and the efficiency comparisons (see the module docstring).
 
+    The final seeds are the longest seed list any arm holds; the arms holding all of them make the
+    headline (``arms``, ``peers_share``). An arm trained on fewer seeds (a study whose later seeds
+    trained only the headline's arms) is kept apart in ``arms_on_fewer_seeds``, over its own seeds, and
+    ``on_common_seeds`` repeats the peers' share over the seeds every arm holds, every arm competing:
+    so the strongest baseline among all the chosen arms stays visible."""
     runs = [r for r in load_compacts(RESULTS / f"{name}_runs") if arms is None or r["arm"] in arms]
     roles = {r["arm"]: r["role"] for r in runs}
     seeds_of: dict[str, list[int]] = {}
     for r in runs:
         seeds_of.setdefault(r["arm"], []).append(r["seed"])
-    final_seeds = max(seeds_of.values(), key=len) if seeds_of else []
+    final_seeds = sorted(max(seeds_of.values(), key=len)) if seeds_of else []
     final = [a for a, s in seeds_of.items() if set(final_seeds) <= set(s)]  # arms of the final round
-    table = {}
-    for a in final:
-        rs = [r for r in runs if r["arm"] == a and r["seed"] in final_seeds]
-        test = [evidence.final_accuracy(r, "test") for r in rs]
-        val = [evidence.final_accuracy(r, "val") for r in rs]
-        spent = [evidence.compute_spent(r) for r in rs]
-        per_pol = [evidence.final_per_policy(r, "test") for r in rs]
-        table[a] = {"role": roles[a], "family": rs[0]["family"], "strategy": rs[0]["strategy"],
-                    "overrides": rs[0]["overrides"], "seeds": [r["seed"] for r in rs],
-                    "test_final": _summary(test), "val_final": _summary(val),
-                    "per_policy_test_final": {p: {k: statistics.fmean(x[p][k] for x in per_pol) for k in per_pol[0][p]}
-                                              for p in per_pol[0]},
-                    **{k: _summary([s.get(k, 0.0) for s in spent]) for k in spent[0]},
-                    "git_revs": sorted({str(r.get("git_rev")) for r in rs})}
-    base = [a for a in final if roles[a] == "baseline"]
-    share = [a for a in final if roles[a] == "sharing"]
-    sel = [r for r in runs if r["seed"] in final_seeds]
-    out: dict[str, Any] = {"study": name, "protocol": PROTOCOL, "final_seeds": final_seeds, "arms": table,
+    fewer = [a for a in seeds_of if a not in final]
+    out: dict[str, Any] = {"study": name, "protocol": PROTOCOL, "final_seeds": final_seeds,
+                           "arms": {a: _arm_summary(runs, a, final_seeds) for a in final},
                            "git_rev": git_rev(), "quick": False}
+    out.update(_comparisons(runs, roles, final, final_seeds, out["arms"]))
+    if fewer:
+        out["arms_on_fewer_seeds"] = {a: _arm_summary(runs, a, sorted(seeds_of[a])) for a in fewer}
+        common = sorted(set.intersection(*(set(s) for s in seeds_of.values())))
+        if common:
+            every = {a: _arm_summary(runs, a, common) for a in seeds_of}
+            cmp = _comparisons(runs, roles, list(seeds_of), common, every)
+            out["on_common_seeds"] = {"seeds": common, **{k: cmp[k] for k in ("peers_share", "pairwise") if k in cmp}}
+    return out
+
+
+def _arm_summary(runs: Sequence[Mapping[str, Any]], arm: str, seeds: Sequence[int]) -> dict[str, Any]:
+    """One arm's accuracy and compute over ``seeds`` (its runs' final test and validation accuracy,
+    per policy, what they spent, the revisions that trained them)."""
+    from mutualrl import evidence
+
+    rs = [r for r in runs if r["arm"] == arm and r["seed"] in seeds]
+    test = [evidence.final_accuracy(r, "test") for r in rs]
+    val = [evidence.final_accuracy(r, "val") for r in rs]
+    spent = [evidence.compute_spent(r) for r in rs]
+    per_pol = [evidence.final_per_policy(r, "test") for r in rs]
+    return {"role": rs[0]["role"], "family": rs[0]["family"], "strategy": rs[0]["strategy"],
+            "overrides": rs[0]["overrides"], "seeds": [r["seed"] for r in rs],
+            "test_final": _summary(test), "val_final": _summary(val),
+            "per_policy_test_final": {p: {k: statistics.fmean(x[p][k] for x in per_pol) for k in per_pol[0][p]}
+                                      for p in per_pol[0]},
+            **{k: _summary([s.get(k, 0.0) for s in spent]) for k in spent[0]},
+            "git_revs": sorted({str(r.get("git_rev")) for r in rs})}
+
+
+def _comparisons(runs: Sequence[Mapping[str, Any]], roles: Mapping[str, str], arms: Sequence[str],
+                 seeds: Sequence[int], table: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The peers' share, the pairwise differences, the compute match and the efficiency comparisons
+    among ``arms`` over ``seeds``."""
+    from mutualrl import evidence
+
+    base = [a for a in arms if roles[a] == "baseline"]
+    share = [a for a in arms if roles[a] == "sharing"]
+    sel = [r for r in runs if r["seed"] in seeds and r["arm"] in arms]
+    out: dict[str, Any] = {}
     if base and share:
         out["peers_share"] = evidence.peers_share(sel, share, base)
         out["pairwise"] = [evidence.paired(sel, s, b) for s in share for b in base]
@@ -320,8 +349,8 @@ def aggregate(name: str, arms: Sequence[str] | None = None) -> dict[str, Any]:
         if strong and best:
             out["compute_match"] = {k: table[best][k]["mean"] / max(table[strong][k]["mean"], 1e-9)
                                     for k in ("trained_tokens", "optimizer_steps", "sampled_tokens")}
-    eff = [a for a in final if roles[a] == "efficiency"]
-    half = [a for a in final if roles[a] == "half_baseline"]
+    eff = [a for a in arms if roles[a] == "efficiency"]
+    half = [a for a in arms if roles[a] == "half_baseline"]
     if eff and base:
         strong_full = evidence.strongest(sel, base)
         out["efficiency"] = {e: {"vs_full_budget": evidence.paired(sel, e, strong_full),
@@ -359,11 +388,17 @@ def print_table(result: Mapping[str, Any]) -> None:
         print(f"{a:<26}{t['role']:<14}{100 * t['test_final']['mean']:>11.1f}%{100 * t['val_final']['mean']:>10.1f}%"
               f"{t['trained_tokens']['mean']:>12,.0f}{t['optimizer_steps']['mean']:>10,.0f}"
               f"{t.get('wall_s', {}).get('mean', float('nan')):>8.0f}")
-    ps = result.get("peers_share")
-    if ps:
-        lo, hi = ps["ci95"]
-        print(f"\npeers' share: {ps['best_sharing_arm']} - {ps['strongest_baseline']} = {ps['mean']:+.1f} pts "
-              f"[{lo:+.1f}, {hi:+.1f}] per seed {', '.join(f'{v:+.1f}' for v in ps['values'])}")
+    for a, t in result.get("arms_on_fewer_seeds", {}).items():
+        print(f"{a:<26}{t['role']:<14}{100 * t['test_final']['mean']:>11.1f}%{100 * t['val_final']['mean']:>10.1f}%"
+              f"{t['trained_tokens']['mean']:>12,.0f}{t['optimizer_steps']['mean']:>10,.0f}"
+              f"{t.get('wall_s', {}).get('mean', float('nan')):>8.0f}  seeds {t['seeds']} only")
+    for label, ps in (("", result.get("peers_share")),
+                      (f" on seeds {result.get('on_common_seeds', {}).get('seeds')}, every arm",
+                       result.get("on_common_seeds", {}).get("peers_share"))):
+        if ps:
+            lo, hi = ps["ci95"]
+            print(f"\npeers' share{label}: {ps['best_sharing_arm']} - {ps['strongest_baseline']} = {ps['mean']:+.1f} "
+                  f"pts [{lo:+.1f}, {hi:+.1f}] per seed {', '.join(f'{v:+.1f}' for v in ps['values'])}")
     for e, cmp in result.get("efficiency", {}).items():
         for k, v in cmp.items():
             lo, hi = v["ci95"]
@@ -389,6 +424,17 @@ def _run_one(run_dir: Path, resume: bool) -> None:
     tr.train()
 
 
+def _arms_to_aggregate(name: str, arms: str | None) -> list[str] | None:
+    """``--arms`` as a list; else the arms the committed result of ``name`` reports; else None (all)."""
+    if arms:
+        return [a.strip() for a in arms.split(",") if a.strip()]
+    path = RESULTS / f"{name}.json"
+    if not path.is_file():
+        return None
+    result = json.loads(path.read_text())
+    return [*result.get("arms", {}), *result.get("arms_on_fewer_seeds", {})] or None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--one", type=Path, help=argparse.SUPPRESS)
@@ -396,11 +442,14 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd")
     ag = sub.add_parser("aggregate", help="re-aggregate a study's JSON from its committed compact runs")
     ag.add_argument("name")
+    ag.add_argument("--arms", default=None,
+                    help="comma-separated arms to aggregate (default: those of the committed results/<name>.json, "
+                    "else every recorded arm, tuning candidates included)")
     args = ap.parse_args()
     if args.one:
         _run_one(args.one, args.resume)
     elif args.cmd == "aggregate":
-        result = aggregate(args.name)
+        result = aggregate(args.name, _arms_to_aggregate(args.name, args.arms))
         print_table(result)
         print(json.dumps({k: result[k] for k in ("peers_share", "efficiency", "compute_match") if k in result},
                          indent=1))

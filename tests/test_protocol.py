@@ -83,3 +83,39 @@ def test_a_study_reuses_a_committed_record_trained_on_other_threads_only(tiny_co
     assert s._recorded(arm, 0, dict(s.config(arm, 0), threads=2))
     assert not s._recorded(arm, 0, dict(s.config(arm, 0), steps=7))
     assert not s._recorded(arm, 1, s.config(arm, 1))
+
+
+def test_an_arm_on_fewer_seeds_is_reported_apart_and_competes_on_the_common_seeds(tmp_path, monkeypatch):
+    """A study whose later seeds trained only the headline's arms keeps every arm: the headline over
+    the longest seed list, the others over their own seeds, and the peers' share again over the
+    seeds every arm holds, every baseline competing (here the stronger one only ran seeds 0-1)."""
+    import importlib
+    import json
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    study_mod = importlib.import_module("study")
+    monkeypatch.setattr(study_mod, "RESULTS", tmp_path)
+    runs = tmp_path / "s_runs"
+    runs.mkdir()
+    acc = {"share": [0.5, 0.6, 0.7], "weak": [0.4, 0.4, 0.4], "strong": [0.55, 0.65]}
+    for arm, values in acc.items():
+        role = "sharing" if arm == "share" else "baseline"
+        for seed, a in enumerate(values):
+            rec = {"arm": arm, "family": arm, "role": role, "seed": seed, "overrides": {}, "strategy": "x",
+                   "policies": ["p"], "wall_s": 1.0, "git_rev": "r",
+                   "evals": [{"policy": "p", "step": 4, "val_acc": a, "test_acc": a}],
+                   "steps": [{"policy": "p", "step": 1, "train_tokens": 10, "optimizer_steps": 1, "gen_tokens": 5}]}
+            (runs / f"{arm}-seed{seed}.json").write_text(json.dumps(rec))
+    out = study_mod.aggregate("s", ["share", "weak", "strong"])
+    assert out["final_seeds"] == [0, 1, 2] and set(out["arms"]) == {"share", "weak"}
+    assert out["peers_share"]["strongest_baseline"] == "weak"
+    assert abs(out["peers_share"]["mean"] - 20.0) < 1e-9
+    assert out["arms_on_fewer_seeds"]["strong"]["seeds"] == [0, 1]
+    common = out["on_common_seeds"]
+    assert common["seeds"] == [0, 1] and common["peers_share"]["strongest_baseline"] == "strong"
+    assert [round(v, 9) for v in common["peers_share"]["values"]] == [-5.0, -5.0]
+    (tmp_path / "s.json").write_text(json.dumps(out))
+    assert study_mod._arms_to_aggregate("s", None) == ["share", "weak", "strong"]
+    # an arm absent from the committed result (a tuning candidate) stays out of a re-aggregation
+    assert "weak" not in study_mod.aggregate("s", ["share", "strong"])["arms"]
