@@ -16,7 +16,8 @@ A study is a sequence of *tuning rounds* and one *final round*:
 Every run's compact metrics (eval rows, per-step rows of the keys that matter, its config, the code
 revision that trained it) go to ``benchmarks/results/<study>_runs/<arm>-seed<N>.json``; the study's
 JSON is aggregated from those files alone (``python benchmarks/study.py aggregate <study>`` does it
-again), so every figure can be traced and recomputed.
+again; ``--write`` replaces the committed JSON's figures with it, e.g. after runs of a further seed),
+so every figure can be traced and recomputed.
 
 Runs go ``--jobs`` at a time, each in its own process (torch threads = cores / jobs); ``--reuse``
 keeps finished runs whose config is unchanged (a run directory's summary, or a committed compact
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, git_rev, machine, write_result
+from _common import RESULTS, git_rev, machine, write_result, write_result_to
 
 STEP_KEYS = ("reward_mean", "train_acc", "train_tokens", "optimizer_steps", "gen_tokens", "peer_rows", "loss",
              "step_s", "informative_group_frac", "zero_var_group_frac", "imitate_rescue", "imitate_own",
@@ -435,6 +436,27 @@ def _arms_to_aggregate(name: str, arms: str | None) -> list[str] | None:
     return [*result.get("arms", {}), *result.get("arms_on_fewer_seeds", {})] or None
 
 
+AGGREGATE_KEYS = ("final_seeds", "arms", "peers_share", "pairwise", "compute_match", "efficiency",
+                  "arms_on_fewer_seeds", "on_common_seeds")
+"""The keys of a study's JSON that :func:`aggregate` computes (the rest describe the run that wrote it)."""
+
+
+def rewrite(name: str, result: Mapping[str, Any]) -> dict[str, Any]:
+    """Replace the figures of the committed ``results/<name>.json`` with ``result`` (a fresh
+    :func:`aggregate`): what the study run recorded about itself (tuning, notes, machine, load, wall
+    time, its extras) is kept, the aggregated keys are replaced (one the new aggregation lacks is
+    dropped), and a note says when and from which seeds it was re-aggregated."""
+    path = RESULTS / f"{name}.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    kept = {k: v for k, v in old.items() if k not in AGGREGATE_KEYS and k not in result}
+    note = (f"Figures re-aggregated at {result.get('git_rev')} from the committed runs in {name}_runs/ "
+            f"(python benchmarks/study.py aggregate {name} --write), final seeds {result.get('final_seeds')}; "
+            "machine, load, jobs and wall_s are those of the study run that wrote this file before.")
+    out = {**kept, **result, "notes": [*old.get("notes", []), note]}
+    write_result_to(path, out)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--one", type=Path, help=argparse.SUPPRESS)
@@ -445,11 +467,16 @@ def main() -> None:
     ag.add_argument("--arms", default=None,
                     help="comma-separated arms to aggregate (default: those of the committed results/<name>.json, "
                     "else every recorded arm, tuning candidates included)")
+    ag.add_argument("--write", action="store_true",
+                    help="replace the figures of results/<name>.json with this aggregation (the study run's "
+                    "tuning, notes and machine kept; a note added)")
     args = ap.parse_args()
     if args.one:
         _run_one(args.one, args.resume)
     elif args.cmd == "aggregate":
         result = aggregate(args.name, _arms_to_aggregate(args.name, args.arms))
+        if args.write:
+            result = rewrite(args.name, result)
         print_table(result)
         print(json.dumps({k: result[k] for k in ("peers_share", "efficiency", "compute_match") if k in result},
                          indent=1))

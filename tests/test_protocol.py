@@ -119,3 +119,11 @@ def test_an_arm_on_fewer_seeds_is_reported_apart_and_competes_on_the_common_seed
     assert study_mod._arms_to_aggregate("s", None) == ["share", "weak", "strong"]
     # an arm absent from the committed result (a tuning candidate) stays out of a re-aggregation
     assert "weak" not in study_mod.aggregate("s", ["share", "strong"])["arms"]
+    # --write: the figures replaced, what the study run recorded about itself kept, a note added
+    (tmp_path / "s.json").write_text(json.dumps({**out, "peers_share": None, "efficiency": {"old": 1},
+                                                 "tuning": {"t": 1}, "notes": ["n"]}))
+    new = study_mod.rewrite("s", study_mod.aggregate("s", ["share", "weak"]))
+    assert json.loads((tmp_path / "s.json").read_text()) == new
+    assert new["tuning"] == {"t": 1} and new["notes"][0] == "n" and "re-aggregated" in new["notes"][1]
+    assert abs(new["peers_share"]["mean"] - 20.0) < 1e-9 and "efficiency" not in new
+    assert "arms_on_fewer_seeds" not in new and set(new["arms"]) == {"share", "weak"}
