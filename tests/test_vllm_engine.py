@@ -4,6 +4,7 @@ with it, exact resume. A zoo-sized Llama with 32-dim heads (what vLLM's CPU kern
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,20 @@ def test_samples_and_behavior_logprobs_are_valid(vpolicy):
         assert s.finished or len(s.completion_ids) == 6
     # the log-probs vLLM returns are those of the tempered distribution the tokens were drawn from
     assert _mismatch(vpolicy, samples) < 1e-4
+
+
+def test_an_engine_leaves_the_process_thread_count_settable(vpolicy):
+    """vLLM's CPU worker turns ``torch.set_num_threads`` into a no-op for the whole process; the
+    engine puts it back, so MWRA can still re-plan a worker's threads (and a zoo built later in the
+    process gets the weights it gets anywhere)."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_after_a_sync_greedy_output_equals_the_hf_model(vpolicy):
@@ -109,3 +124,27 @@ def test_resume_with_the_vllm_engine_is_exact(tiny_models, tmp_path):
         return out
 
     assert len(rows(tmp_path / "full")) == 4 and rows(tmp_path / "cut") == rows(tmp_path / "full")
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_each_rank_of_a_two_rank_policy_samples_with_vllm_at_the_updated_weights(tiny_models, tmp_path, fsdp,
+                                                                                    monkeypatch):
+    """A policy on 2 gloo ranks, each rank a worker process with its own in-process vLLM engine (with
+    FSDP the engine reads the full copy gathered from the shards after every optimizer step). At a
+    learning rate that moves the weights far in a step, the behavior log-probs vLLM returns on every
+    step and every rank (the merged ``*_max`` is the worst rank's) are the trainer's own recomputation
+    at the current weights: an engine left at older weights would be off by far more than 1e-3."""
+    cfg = _config(tiny_models, "vllm", 3, scheduler="local", step_timeout_s=300.0, checkpoint_every=1000)
+    cfg["policies"][0].update(workers=2, fsdp=fsdp)
+    # the rank processes import the reward function's module (tests/test_trainer.py)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent),
+                                                                    os.environ.get("PYTHONPATH")])))
+    trainer = MutualTrainer(cfg, tmp_path / "run", progress=False)
+    trainer.train()
+    rows = [r for r in trainer.history if r.get("event") is None]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["sync_s"] > 0 for r in rows)
+    assert all(r["logprob_mismatch_max"] < 1e-3 for r in rows), [r["logprob_mismatch_max"] for r in rows]
+    assert any(r["grad_norm"] > 0 for r in rows[:-1])  # the weights moved before a later step sampled
+    info = json.loads((tmp_path / "run" / "policies.json").read_text())
+    assert info[0]["ranks"] == 2 and len(set(info[0]["rank_pids"])) == 2
