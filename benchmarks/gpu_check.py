@@ -12,6 +12,12 @@ a dense reward. Per policy: sampled and trained tokens/s, peak CUDA memory, the 
 log-prob mismatch. Then mutualrl against TRL's GRPOTrainer on the smaller model with the same
 settings (``benchmarks/vs_trl.py``'s two children, alternated), as a tokens/s ratio.
 
+With two GPUs or more it also checks a policy on 2 data-parallel ranks over nccl (``--ranks``, on by
+default where it can run): the rank script of ``tests/test_data_parallel.py`` on ``cuda:0`` and
+``cuda:1``, replicated (DDP-style all-reduce) and sharded (FSDP2), against one rank on the whole batch
+(max parameter difference, the suite's 1e-5 bound on gloo). On one GPU it is skipped and says so: nccl
+refuses two ranks on one device.
+
 Writes ``benchmarks/results/gpu_check.json`` (``gpu_check_dry_run.json`` with ``--dry-run``).
 Target: ratio >= 1.0 for each policy. This file is produced only by a run on a GPU.
 """
@@ -103,11 +109,55 @@ def run_config(dirs: dict[str, Path], data: Path, steps: int, dry: bool) -> dict
     }
 
 
+def ranks_check(root: Path, dry: bool) -> dict[str, Any]:
+    """A tiny policy's update on 2 ranks (nccl on ``cuda:0``/``cuda:1``; gloo on the CPU with
+    ``--dry-run``), replicated and with FSDP2, against one rank on the whole batch: the largest
+    parameter difference and whether the two ranks hold the same weights."""
+    import subprocess
+
+    import torch
+
+    from mutualrl.distributed import serve_store
+    from mutualrl.zoo.models import build_tiny_models
+
+    gpus = torch.cuda.device_count()
+    if not dry and gpus < 2:
+        return {"skipped": f"{gpus} GPU: nccl needs a device per rank (two ranks on one GPU are refused)"}
+    script = HERE.parent / "tests" / "_dp_rank.py"
+    model = build_tiny_models(root / "tiny")["tiny-gpt2"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", DP_LOSS="grpo", PYTHONPATH=str(HERE.parent),
+               **({} if dry else {"DP_DEVICE": "cuda"}))
+    out: dict[str, Any] = {"backend": "gloo" if dry else "nccl"}
+    for layout, extra in (("replicated", {}), ("fsdp", {"DP_FSDP": "1"})):
+        results = {}
+        for world in (1, 2):
+            store = serve_store("127.0.0.1", 60) if world > 1 else None
+            rv = f"tcp://127.0.0.1:{store.port}/p" if store is not None else "-"
+            procs = [subprocess.Popen([sys.executable, str(script), str(model), "imitate", str(r), str(world), rv,
+                                       str(root / f"{layout}-{world}-{r}.pt")],
+                                      env={**env, **(extra if world > 1 else {})}) for r in range(world)]
+            codes = [p.wait(timeout=300) for p in procs]
+            if codes != [0] * world:
+                out[layout] = {"failed": f"exit codes {codes} on {world} rank(s)"}
+                break
+            results[world] = [torch.load(root / f"{layout}-{world}-{r}.pt") for r in range(world)]
+        else:
+            one = results[1][0]["params"]
+            diff = max(float((r["params"] - one).abs().max()) for r in results[2])
+            out[layout] = {"max_param_diff": diff, "ranks_equal": bool(torch.equal(results[2][0]["params"],
+                                                                                    results[2][1]["params"])),
+                           "within_1e-5": diff <= 1e-5}
+        print(f"2 ranks ({out['backend']}, {layout}): {out[layout]}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU: checks the plumbing only")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=2, help="TRL/mutualrl alternations")
+    ap.add_argument("--no-ranks", dest="ranks", action="store_false",
+                    help="skip the 2-rank (nccl) update check")
     args = ap.parse_args()
 
     import torch
@@ -142,6 +192,8 @@ def main() -> None:
             "logprob_mismatch_mean": statistics.fmean(r["logprob_mismatch_mean"] for r in rows),
         }
     out["plan"] = plan["plans"][-1] if plan.get("plans") else plan
+    if args.ranks:
+        out["ranks"] = ranks_check(root, dry)
     if not dry:
         import vs_trl
 

@@ -5,7 +5,9 @@ single-worker reference; RENDEZVOUS ``-`` when there is none. ``DP_FSDP=1`` shar
 ranks (FSDP2); ``DP_LORA=1`` trains a LoRA adapter, ``DP_CHECKPOINTING=1`` with gradient checkpointing,
 ``DP_BETA`` sets the KL weight, ``DP_IDLE_RANK1=1`` leaves rank 1's prompts without rows (it joins
 every phase, the KL reference included, with dummy rows); ``DP_RESUME=1`` saves the policy's state after the first update, loads
-it into a fresh policy and takes the second update there (a checkpoint must resume the optimizer)."""
+it into a fresh policy and takes the second update there (a checkpoint must resume the optimizer).
+``DP_DEVICE=cuda`` puts rank r on ``cuda:r`` (the process group is then nccl: what
+``benchmarks/gpu_check.py --ranks`` runs on a machine with two GPUs or more)."""
 
 from __future__ import annotations
 
@@ -59,14 +61,15 @@ def main() -> None:
     torch.manual_seed(0)
     opts = GRPOOptions(num_generations=G, max_completion_length=8, num_iterations=2, learning_rate=1e-3,
                        loss_type=os.environ.get("DP_LOSS", "dr_grpo"), beta=float(os.environ.get("DP_BETA", "0")),
-                       gradient_checkpointing=os.environ.get("DP_CHECKPOINTING") == "1")
+                       gradient_checkpointing=os.environ.get("DP_CHECKPOINTING") == "1", dtype="float32")
     peft = PeftConfig(r=4, target_modules=["c_attn"]) if os.environ.get("DP_LORA") == "1" else None
     settings = {"imitate": {"learning_rate": 3e-4, "weight": 1.0}} if strategy == "imitate" else {}
-    ranks = RankGroup(rank, world, None if rendezvous == "-" else rendezvous, "cpu", timeout_s=60)
+    device = f"cuda:{rank}" if os.environ.get("DP_DEVICE") == "cuda" else "cpu"
+    ranks = RankGroup(rank, world, None if rendezvous == "-" else rendezvous, device, timeout_s=60)
 
     def fresh() -> Policy:
         torch.manual_seed(0)
-        pol = Policy("p", model, opts, seed=0, peft=peft)
+        pol = Policy("p", model, opts, seed=0, peft=peft, device=device)
         ranks.broadcast_parameters(pol.model)
         if os.environ.get("DP_FSDP") == "1" and ranks.active:
             pol.shard()
@@ -87,8 +90,8 @@ def main() -> None:
         batch = TrainBatch([r for rows in mine for r in rows], n_prompts=len(mine), kinds=kinds)
         stats = train_on_batch(pol, batch, ranks=ranks)
         pol.sync_engine()
-    flat = torch.cat([full_value(p.detach()).reshape(-1) for p in pol.model.parameters() if p.requires_grad])
-    sampler = torch.cat([p.detach().reshape(-1) for n, p in pol.sampler_model.named_parameters()
+    flat = torch.cat([full_value(p.detach()).reshape(-1).cpu() for p in pol.model.parameters() if p.requires_grad])
+    sampler = torch.cat([p.detach().reshape(-1).cpu() for n, p in pol.sampler_model.named_parameters()
                          if dict(pol.model.named_parameters())[n].requires_grad])
     assert torch.equal(flat, sampler), "the sampler's copy lags the trained weights"
     keep = {k: v for k, v in stats.items() if k.endswith(("loss", "grad_norm", "optimizer_steps"))}
