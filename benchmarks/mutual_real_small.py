@@ -279,9 +279,11 @@ def main() -> None:
     choice = choose(zs, constant_answer_share(), args.zero_shot_size)
     print(f"task mix: {choice['tasks']} (zero-shot on validation {choice['accuracy']}), extraction "
           f"{choice['extraction']}, formats {choice['formats']}", flush=True)
-    study = Study(args.name, lambda seed: base_config(choice, args, seed), Path(args.out), jobs=args.jobs,
-                  reuse=args.reuse, parallel=args.parallel)
     tune, final = [int(x) for x in args.tune_seeds.split(",")], [int(x) for x in args.final_seeds.split(",")]
+    # stage 2 takes stage 1's runs of the same config (its tuning rounds) instead of training them again
+    study = Study(args.name, lambda seed: base_config(choice, args, seed), Path(args.out), jobs=args.jobs,
+                  reuse=args.reuse, parallel=args.parallel, final_seeds=final,
+                  reuse_from=["mutual_real_small"] if args.own_replay else [])
     ind = study.tune("independent", [Arm(f"independent_lr{n}", "independent", "baseline",
                                          {"grpo": {"learning_rate": lr}})
                                      for n, lr in (("1e-5", 1e-5), ("3e-5", 3e-5))], tune)

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, git_rev, machine, write_result, write_result_to
+from _common import RESULTS, cpu_kind, git_rev, machine, weights_fingerprint, write_result, write_result_to
 
 STEP_KEYS = ("reward_mean", "train_acc", "train_tokens", "optimizer_steps", "gen_tokens", "peer_rows", "loss",
              "step_s", "informative_group_frac", "zero_var_group_frac", "imitate_rescue", "imitate_own",
@@ -94,6 +94,14 @@ class Study:
     parallel: int | None = None
     """Runs at once (default ``jobs``): fewer than ``jobs`` keeps the runs' configs (threads = cores /
     jobs) where memory does not hold ``jobs`` of them (two real-model runs peak at ~24 GB together)."""
+    final_seeds: list[int] | None = None
+    """The final round's seeds, when they are declared (fresh seeds apart from the tuning seeds): the
+    headline is aggregated over these alone, so a tuning run on another seed of a chosen arm stays out
+    of it. None: the longest seed list an arm holds (the tuning seed is then one of the final ones)."""
+    reuse_from: list[str] = field(default_factory=list)
+    """Other studies whose committed records this one may take, copied into its own ``_runs/`` (with
+    ``reuse``): a later stage of a study reuses the earlier stage's runs of the same config instead of
+    training them again."""
     keep_checkpoints: bool = False
     """Keep a finished run's checkpoints (default: removed once its compact record is written: the
     record is all the study reads, and two checkpoints of the real-model pair take ~10 GB a run)."""
@@ -196,15 +204,27 @@ class Study:
         gone) reuses them instead of retraining."""
         from mutualrl.resolve import load_config
 
-        path = self.runs_dir / f"{arm.name}-seed{seed}.json"
+        name = f"{arm.name}-seed{seed}.json"
         try:
-            recorded = load_config(json.loads(path.read_text())["config"], check_paths=False)
-            wanted = load_config(cfg, check_paths=False)
-        except (OSError, ValueError, KeyError):
+            wanted = dataclasses.replace(load_config(cfg, check_paths=False), threads=None)
+        except ValueError:
             return False
-        # torch threads set the speed, not the training: a record trained on other threads is kept (its
-        # config, threads included, stays in the record)
-        return dataclasses.replace(recorded, threads=None) == dataclasses.replace(wanted, threads=None)
+        for runs_dir in (self.runs_dir, *(RESULTS / f"{other}_runs" for other in self.reuse_from)):
+            path = runs_dir / name
+            try:
+                recorded = load_config(json.loads(path.read_text())["config"], check_paths=False)
+            except (OSError, ValueError, KeyError):
+                continue
+            # torch threads set the speed, not the training: a record trained on other threads is kept
+            # (its config, threads included, stays in the record)
+            if dataclasses.replace(recorded, threads=None) != wanted:
+                continue
+            if runs_dir != self.runs_dir:  # the record joins this study's runs, as it is
+                self.runs_dir.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, self.runs_dir / name)
+                self.notes.append(f"{name} is the run recorded by {runs_dir.name[:-len('_runs')]} (same config).")
+            return True
+        return False
 
     def _finished(self, d: Path, cfg: dict[str, Any]) -> bool:
         return (d / "summary.json").is_file() and self._same_spec(d, cfg)
@@ -217,6 +237,7 @@ class Study:
         prov = json.loads(provenance_path(d).read_text()) if provenance_path(d).is_file() else {}
         compact = {"arm": arm.name, "family": arm.family, "role": arm.role, "seed": seed, "overrides": arm.overrides,
                    "git_rev": prov.get("git_rev", spec.get("git_rev")), "load_avg": prov.get("load_avg"),
+                   **{k: prov[k] for k in ("cpu", "weights") if k in prov},
                    "policies": run["policies"], "strategy": run["strategy"], "wall_s": run["wall_s"],
                    "config": json.loads(json.dumps(spec["config"])), "evals": run["evals"],
                    "steps": [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items()
@@ -251,10 +272,11 @@ class Study:
         if len(threads) > 1:
             self.notes.append(f"Runs trained on {' or '.join(map(str, threads))} torch threads (records reused "
                               "across a change of threads, which sets the speed, not the training).")
-        result = aggregate(self.name, [a.name for a in self.arms.values()])
+        result = aggregate(self.name, [a.name for a in self.arms.values()], self.final_seeds)
         mach = machine()
         mach["load_avg"] = {"start": self.load_start, "end": os.getloadavg()[0]}
         result.update({"tuning": self.tuning, "notes": self.notes, "machine": mach, "jobs": self.jobs,
+                       **({"declared_final_seeds": self.final_seeds} if self.final_seeds else {}),
                        "wall_s": time.perf_counter() - self.t0, **(extra or {})})
         write_result(self.name, result)
         dirs = [self.out / f"{r['arm']}-seed{r['seed']}" for r in load_compacts(self.runs_dir)
@@ -282,21 +304,26 @@ def _val(run: Mapping[str, Any]) -> float:
     return v
 
 
-def aggregate(name: str, arms: Sequence[str] | None = None) -> dict[str, Any]:
+def aggregate(name: str, arms: Sequence[str] | None = None, final_seeds: Sequence[int] | None = None
+              ) -> dict[str, Any]:
     """The study's figures from its compact runs alone: per arm accuracy and compute, the pairwise
     differences, the peers' share and the efficiency comparisons (see the module docstring).
 
-    The final seeds are the longest seed list any arm holds; the arms holding all of them make the
+    The final seeds are ``final_seeds`` when given (runs on other seeds, such as a chosen arm's tuning
+    run, are left out), else the longest seed list any arm holds; the arms holding all of them make the
     headline (``arms``, ``peers_share``). An arm trained on fewer seeds (a study whose later seeds
     trained only the headline's arms) is kept apart in ``arms_on_fewer_seeds``, over its own seeds, and
     ``on_common_seeds`` repeats the peers' share over the seeds every arm holds, every arm competing:
     so the strongest baseline among all the chosen arms stays visible."""
-    runs = [r for r in load_compacts(RESULTS / f"{name}_runs") if arms is None or r["arm"] in arms]
+    runs = [r for r in load_compacts(RESULTS / f"{name}_runs") if (arms is None or r["arm"] in arms)
+            and (final_seeds is None or r["seed"] in final_seeds)]
+    _check_paired_builds(runs)
     roles = {r["arm"]: r["role"] for r in runs}
     seeds_of: dict[str, list[int]] = {}
     for r in runs:
         seeds_of.setdefault(r["arm"], []).append(r["seed"])
-    final_seeds = sorted(max(seeds_of.values(), key=len)) if seeds_of else []
+    final_seeds = sorted(final_seeds) if final_seeds is not None else (
+        sorted(max(seeds_of.values(), key=len)) if seeds_of else [])
     final = [a for a, s in seeds_of.items() if set(final_seeds) <= set(s)]  # arms of the final round
     fewer = [a for a in seeds_of if a not in final]
     out: dict[str, Any] = {"study": name, "protocol": PROTOCOL, "final_seeds": final_seeds,
@@ -311,6 +338,21 @@ def aggregate(name: str, arms: Sequence[str] | None = None) -> dict[str, Any]:
             cmp = _comparisons(runs, roles, list(seeds_of), common, every)
             out["on_common_seeds"] = {"seeds": common, **{k: cmp[k] for k in ("peers_share", "pairwise") if k in cmp}}
     return out
+
+
+def _check_paired_builds(runs: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse to pair runs of one seed that started from different weights (a zoo build made on
+    another CPU kind under the same cache path): their difference would not be the arms'. Records
+    from before the weights were recorded are not checked."""
+    seen: dict[int, dict[str, str]] = {}
+    for r in runs:
+        if not r.get("weights"):
+            continue
+        first = seen.setdefault(r["seed"], {"arm": r["arm"], "weights": json.dumps(r["weights"], sort_keys=True)})
+        if json.dumps(r["weights"], sort_keys=True) != first["weights"]:
+            raise SystemExit(f"seed {r['seed']}: {r['arm']} started from other weights ({r['weights']}) than "
+                             f"{first['arm']} ({first['weights']}); runs of one seed pair only on one build: "
+                             "train the seed's arms on one machine kind, or leave one out (--arms)")
 
 
 def _arm_summary(runs: Sequence[Mapping[str, Any]], arm: str, seeds: Sequence[int]) -> dict[str, Any]:
@@ -417,8 +459,12 @@ def _run_one(run_dir: Path, resume: bool) -> None:
     spec = json.loads(spec_path(run_dir).read_text())
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     cfg = load_config(spec["config"])
+    from mutualrl.modelref import resolve_model_path
+
+    weights = {p.name: weights_fingerprint(resolve_model_path(p.model)) for p in cfg.policies}
     provenance_path(run_dir).write_text(json.dumps({"git_rev": git_rev(), "started": time.time(),
-                                                     "load_avg": os.getloadavg()[0]}))
+                                                     "load_avg": os.getloadavg()[0], "cpu": cpu_kind(),
+                                                     "weights": weights}))
     tr = MutualTrainer(cfg, run_dir, resume=resume, progress=False)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / ARM_FILE).write_text(json.dumps({"arm": spec["arm"]}))
@@ -434,6 +480,15 @@ def _arms_to_aggregate(name: str, arms: str | None) -> list[str] | None:
         return None
     result = json.loads(path.read_text())
     return [*result.get("arms", {}), *result.get("arms_on_fewer_seeds", {})] or None
+
+
+def _seeds_to_aggregate(name: str, seeds: str | None) -> list[int] | None:
+    """``--seeds`` as a list; else the final seeds the committed result of ``name`` declared (a study
+    whose final seeds are not its tuning seeds); else None (the longest seed list an arm holds)."""
+    if seeds:
+        return [int(s) for s in seeds.split(",") if s.strip()]
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()).get("declared_final_seeds") if path.is_file() else None
 
 
 AGGREGATE_KEYS = ("final_seeds", "arms", "peers_share", "pairwise", "compute_match", "efficiency",
@@ -467,6 +522,9 @@ def main() -> None:
     ag.add_argument("--arms", default=None,
                     help="comma-separated arms to aggregate (default: those of the committed results/<name>.json, "
                     "else every recorded arm, tuning candidates included)")
+    ag.add_argument("--seeds", default=None,
+                    help="comma-separated final seeds (default: those the committed results/<name>.json declared, "
+                    "else the longest seed list an arm holds)")
     ag.add_argument("--write", action="store_true",
                     help="replace the figures of results/<name>.json with this aggregation (the study run's "
                     "tuning, notes and machine kept; a note added)")
@@ -474,7 +532,7 @@ def main() -> None:
     if args.one:
         _run_one(args.one, args.resume)
     elif args.cmd == "aggregate":
-        result = aggregate(args.name, _arms_to_aggregate(args.name, args.arms))
+        result = aggregate(args.name, _arms_to_aggregate(args.name, args.arms), _seeds_to_aggregate(args.name, args.seeds))
         if args.write:
             result = rewrite(args.name, result)
         print_table(result)

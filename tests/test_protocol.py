@@ -127,3 +127,82 @@ def test_an_arm_on_fewer_seeds_is_reported_apart_and_competes_on_the_common_seed
     assert new["tuning"] == {"t": 1} and new["notes"][0] == "n" and "re-aggregated" in new["notes"][1]
     assert abs(new["peers_share"]["mean"] - 20.0) < 1e-9 and "efficiency" not in new
     assert "arms_on_fewer_seeds" not in new and set(new["arms"]) == {"share", "weak"}
+
+
+def test_declared_final_seeds_leave_a_tuning_run_out_and_a_later_stage_reuses_the_earlier_records(
+        tiny_config, tmp_path, monkeypatch):
+    """A study whose final seeds are fresh (3, 4) aggregates over them alone: the chosen baseline's run
+    on the tuning seed 0 neither makes the headline's seed list nor moves the other arms aside. A later
+    stage (``reuse_from``) takes the earlier stage's record of the same config into its own runs, and
+    trains a changed config again."""
+    import importlib
+    import json
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    study_mod = importlib.import_module("study")
+    monkeypatch.setattr(study_mod, "RESULTS", tmp_path)
+    runs = tmp_path / "s_runs"
+    runs.mkdir()
+    acc = {"share": {3: 0.6, 4: 0.7}, "base": {0: 0.9, 3: 0.5, 4: 0.5}}
+    for arm, by_seed in acc.items():
+        for seed, a in by_seed.items():
+            rec = {"arm": arm, "family": arm, "role": "sharing" if arm == "share" else "baseline", "seed": seed,
+                   "overrides": {}, "strategy": "x", "policies": ["p"], "wall_s": 1.0, "git_rev": "r",
+                   "evals": [{"policy": "p", "step": 4, "val_acc": a, "test_acc": a}],
+                   "steps": [{"policy": "p", "step": 1, "train_tokens": 10, "optimizer_steps": 1, "gen_tokens": 5}]}
+            (runs / f"{arm}-seed{seed}.json").write_text(json.dumps(rec))
+    longest = study_mod.aggregate("s", ["share", "base"])
+    assert longest["final_seeds"] == [0, 3, 4] and set(longest["arms"]) == {"base"}  # the tuning run took over
+    out = study_mod.aggregate("s", ["share", "base"], [3, 4])
+    assert out["final_seeds"] == [3, 4] and set(out["arms"]) == {"share", "base"}
+    assert out["arms"]["base"]["seeds"] == [3, 4] and abs(out["peers_share"]["mean"] - 15.0) < 1e-9
+    (tmp_path / "s.json").write_text(json.dumps({**out, "declared_final_seeds": [3, 4]}))
+    assert study_mod._seeds_to_aggregate("s", None) == [3, 4] and study_mod._seeds_to_aggregate("s", "0,3") == [0, 3]
+
+    first = study_mod.Study("first", lambda seed: dict(tiny_config, threads=1), tmp_path / "r1", reuse=True)
+    arm = study_mod.Arm("a", "independent", "baseline", {})
+    (tmp_path / "first_runs").mkdir()
+    (tmp_path / "first_runs" / "a-seed0.json").write_text(json.dumps({"config": first.config(arm, 0)}))
+    later = study_mod.Study("later", lambda seed: dict(tiny_config, threads=2), tmp_path / "r2", reuse=True,
+                            reuse_from=["first"])
+    assert later._recorded(arm, 0, later.config(arm, 0))
+    assert json.loads((tmp_path / "later_runs" / "a-seed0.json").read_text()) == {"config": first.config(arm, 0)}
+    assert any("first" in n for n in later.notes)
+    assert not later._recorded(arm, 0, dict(later.config(arm, 0), steps=7))
+    assert not later._recorded(arm, 1, later.config(arm, 1))
+
+
+def test_runs_of_one_seed_from_different_builds_are_not_paired(tmp_path, monkeypatch):
+    """Two arms of one seed whose records name different starting weights (the same zoo cache path
+    built on another CPU kind) are refused by the aggregation, naming the seed; equal weights pair."""
+    import importlib
+    import json
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    study_mod = importlib.import_module("study")
+    common = importlib.import_module("_common")
+    monkeypatch.setattr(study_mod, "RESULTS", tmp_path)
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"\x00" * 8)
+    built_here = common.weights_fingerprint(model)
+    (model / "model.safetensors").write_bytes(b"\x01" * 8)
+    assert common.weights_fingerprint(model) != built_here and common.weights_fingerprint(tmp_path / "x") == "none"
+    runs = tmp_path / "s_runs"
+    runs.mkdir()
+
+    def record(arm: str, role: str, weights: str) -> None:
+        rec = {"arm": arm, "family": arm, "role": role, "seed": 0, "overrides": {}, "strategy": "x", "policies": ["p"],
+               "wall_s": 1.0, "git_rev": "r", "weights": {"p": weights},
+               "evals": [{"policy": "p", "step": 4, "val_acc": 0.5, "test_acc": 0.5}],
+               "steps": [{"policy": "p", "step": 1, "train_tokens": 10, "optimizer_steps": 1, "gen_tokens": 5}]}
+        (runs / f"{arm}-seed0.json").write_text(json.dumps(rec))
+
+    record("share", "sharing", built_here)
+    record("base", "baseline", built_here)
+    assert study_mod.aggregate("s", ["share", "base"])["final_seeds"] == [0]
+    record("base", "baseline", common.weights_fingerprint(model))
+    with pytest.raises(SystemExit, match="seed 0: .*other weights"):
+        study_mod.aggregate("s", ["share", "base"])
