@@ -13,6 +13,8 @@ The two shipped zoo policies (or a ``zoo build --task`` file's), their task with
    ``self_imitate`` (imitate's supervised step on the learner's own successes, no peer) at two
    learning rates of that step; the sharing family: ``imitate`` at those two rates, with
    replay of peer successes of the last steps, with its peer rows weighted up.
+   With ``--own-replay`` a second round: the chosen sharing arm with the compute-matched control's own
+   replay rows at the control's token budget (below), so that the two differ by the peers' rows alone.
 3. the **compute-matched control**: the chosen ``self_imitate`` with more own rows a step (own
    verified successes of the last 16 steps) until it trains as many tokens a step as the chosen
    sharing arm did on the tuning seeds, so both take the same optimizer steps on (within 10 %) the
@@ -67,6 +69,19 @@ def sharing_candidates(grpo: dict[str, Any]) -> list[Arm]:
             imitate("imitate_replay4", replay_steps=4), imitate("imitate_peer2", peer_weight=2.0)]
 
 
+def own_replay_candidates(best: Arm, tokens: int) -> list[Arm]:
+    """The chosen sharing arm with the compute-matched control's own replay rows (the learner's own
+    verified successes of earlier steps) filling the control's token budget after the peers' rows:
+    the two arms then train the same tokens and differ by the peers' rows alone. Peer replay over the
+    first round's window (4 steps when it had none) and over 16 (the control's own window)."""
+    block = dict(best.overrides["sharing"]["imitate"])
+    variants = {block.get("replay_steps") or 4: f"{best.name}_own"}
+    variants.setdefault(16, f"{best.name}_own_replay16")
+    return [Arm(name, "sharing", "sharing", deep_merge(best.overrides, {"sharing": {"imitate": {
+                **block, "replay_steps": steps, "own_extra_rows": 512, "match_tokens": tokens}}}))
+            for steps, name in variants.items()]
+
+
 def float_lr(arm: Arm, step: str) -> dict[str, Any]:
     return dict(arm.overrides["sharing"][step])
 
@@ -115,6 +130,13 @@ def run(args: argparse.Namespace) -> None:
     ctrl = study.tune("self_imitate", controls, tune)
     best = study.tune("sharing", sharing, tune)
     tokens = round(study.per_step(best, tune, "train_tokens"))
+    budget_from = best.name
+    if args.own_replay:
+        best = study.tune("sharing_own", [best, *own_replay_candidates(best, tokens)], tune)
+        study.notes.append(f"Second round of sharing candidates: the first round's choice with the compute-matched "
+                           f"control's own replay rows up to the control's budget ({tokens} tokens a step), so the "
+                           "arm and the control differ by the peers' rows alone; chosen on validation of the tuning "
+                           "seeds against the first round's choice.")
     matched_block = {**float_lr(ctrl, "self_imitate"), "extra_rows": 512, "match_tokens": tokens, "replay_steps": 16}
     matched = Arm("self_imitate_matched", "self_imitate_matched", "baseline",
                   {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": matched_block}})
@@ -125,7 +147,7 @@ def run(args: argparse.Namespace) -> None:
     halves = [Arm(f"{a.name}_half", f"{a.family}_half", "half_baseline", deep_merge(a.overrides, half))
               for a in (ind, ctrl)]
     study.notes.append(f"compute-matched control: {ctrl.name} with own verified successes of the last 16 steps "
-                       f"added until a step trains {tokens} tokens, what the chosen sharing arm {best.name} trained a "
+                       f"added until a step trains {tokens} tokens, what the chosen sharing arm {budget_from} trained a "
                        "step (per policy) on the tuning seeds")
     if args.phase == "tune":
         study.run((a, s) for a in (matched, eff, *halves) for s in tune)
@@ -134,8 +156,8 @@ def run(args: argparse.Namespace) -> None:
         study.run([(a, s) for s in final for a in (ind, ctrl, matched, best)]
                   + [(a, s) for s in final for a in (eff, *halves)])
     study.arms = {a.name: a for a in (ind, ctrl, matched, best, eff, *halves)}
-    study.write({"task_file": args.task_file, "zoo_seed": "run seed" if args.zoo_seed_follows_seed else args.zoo_seed,
-                 "steps": args.steps,
+    study.write({"task_file": args.task_file, "own_replay": args.own_replay,
+                 "zoo_seed": "run seed" if args.zoo_seed_follows_seed else args.zoo_seed, "steps": args.steps,
                  "val_size": VAL_SIZE, "test_size": TEST_SIZE, "tune_seeds": tune})
 
 
@@ -150,6 +172,9 @@ def parser(name: str = "mutual", out: str = "runs/study_mutual") -> argparse.Arg
     ap.add_argument("--final-seeds", default="0,1,2,3,4")
     ap.add_argument("--phase", choices=("tune", "all"), default="all",
                     help="tune: the tuning rounds only (and the derived arms on the tuning seeds)")
+    ap.add_argument("--own-replay", action="store_true",
+                    help="a second round of sharing candidates: the first round's choice with the compute-matched "
+                    "control's own replay rows at its token budget (differs from the control by the peers' rows)")
     ap.add_argument("--task-file", default=None)
     ap.add_argument("--zoo-seed", type=int, default=0, help="the zoo build seed of every run (0: the shipped zoo)")
     ap.add_argument("--zoo-seed-follows-seed", action="store_true",
