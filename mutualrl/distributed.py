@@ -118,7 +118,15 @@ class RankGroup:
         store = dist.TCPStore(rv.host, rv.port, is_master=False, timeout=timeout)
         prefixed = dist.PrefixStore(f"{STORE_PREFIX}/{rv.prefix}", store)
         self.store = dist.PrefixStore("ranks", prefixed)
-        dist.init_process_group(backend_for(self.device), store=prefixed, rank=rank, world_size=world, timeout=timeout)
+        extra: dict[str, object] = {}
+        if self.device.type == "cuda":
+            # the rank's GPU becomes the current device before anything collective: FSDP2's mesh and nccl's
+            # communicator take the current device, which would otherwise be cuda:0 on every rank
+            self.device = torch.device("cuda", self.device.index if self.device.index is not None else 0)
+            torch.cuda.set_device(self.device)
+            extra["device_id"] = self.device
+        dist.init_process_group(backend_for(self.device), store=prefixed, rank=rank, world_size=world, timeout=timeout,
+                                **extra)
         self.initialized = True
 
     @property
