@@ -147,6 +147,11 @@ def test_plan_calibrate_plans_from_measured_steps(tiny_config, tmp_path, capsys)
     assert all(p["measured_steps"] == 1 for p in got["costs"]["policies"])
     assert out.err.count("calibrated ") == 2
     assert main(["plan", str(cfg), "--calibrate", "0"]) == 2  # a positive number of steps
+    # on GPUs the split is priced from the prior's per-device speed: CPU seconds measured here would be
+    # scaled by it (predictions ~1000x too small), so the plan says it skipped the calibration, as a run does
+    assert main(["plan", str(cfg), "--resources", "cpus=2,gpus=1x80", "--calibrate", "1", "--json"]) == 0
+    out = capsys.readouterr()
+    assert "skipped on GPUs" in out.err and json.loads(out.out)["plan"]["calibrated"] is False
 
 
 def test_a_calibration_for_ranks_times_one_ranks_share_and_predicts_it(tiny_config):

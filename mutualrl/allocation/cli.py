@@ -22,8 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="first time STEPS (default 3; the first is a warm-up) real steps and plan from those "
                    "measurements instead of the FLOP prior: on this machine's cores, the whole run as the prior "
                    "plan places it (every rank of every policy at once, in worker processes, on a private "
-                   "exchange); with --ray, --resources or GPUs, each policy alone in this process as one of its "
-                   "ranks runs (loads every model; minutes for real models)")
+                   "exchange); with --ray or --resources, each policy alone in this process as one of its "
+                   "ranks runs (loads every model; minutes for real models); skipped on GPUs, whose split is "
+                   "planned from the prior")
     p.set_defaults(func=cmd_plan)
 
 
@@ -56,12 +57,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
             from mutualrl.allocation.calibrate import calibrate, calibrate_in_workers
 
             say = lambda m: print(m, file=sys.stderr, flush=True)
-            if args.ray or args.resources or resources.gpus:  # not this machine's cores: each policy alone here
+            if resources.gpus:  # as a run does: the GPU planners price from the prior's per-device speed, so CPU
+                # seconds measured here would come out scaled by it
+                say("--calibrate: skipped on GPUs (the GPU split is planned from the FLOP prior; a run re-plans "
+                    "threads once its steps are measured)")
+            elif args.ray or args.resources:  # not this machine's cores: each policy alone here
                 calibrate(cfg, costs, steps=args.calibrate, threads=[p.threads for p in alloc.placements],
                           ranks=[p.ranks for p in alloc.placements], say=say)
             else:  # the run as this plan places it on this machine's worker processes
                 calibrate_in_workers(cfg, costs, alloc, steps=args.calibrate, say=say)
-            alloc = plan(cfg, resources, costs)
+            if not resources.gpus:
+                alloc = plan(cfg, resources, costs)
         if args.json:
             print(json.dumps({"plan": alloc.to_dict(), "costs": costs.to_dict()}, indent=1))
         else:
