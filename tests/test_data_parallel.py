@@ -32,7 +32,7 @@ def _ranks(model: Path, strategy: str, world: int, out: Path, loss: str) -> list
     return [torch.load(out / f"{world}-{r}.pt") for r in range(world)]
 
 
-@pytest.mark.parametrize(("strategy", "loss"), [("independent", "grpo"), ("imitate", "dapo")])
+@pytest.mark.parametrize(("strategy", "loss"), [("independent", "grpo"), ("independent", "dr_grpo"), ("imitate", "dapo")])
 def test_two_gloo_ranks_take_the_single_worker_update(tiny_models, tmp_path, strategy, loss):
     """Each rank trains on its share of the prompts (3 and 2: uneven, and imitate's rows all on rank 0,
     so rank 1 joins that phase with a zero gradient) with the counts summed and the gradients
@@ -249,6 +249,10 @@ def test_a_rank_killed_in_its_update_is_named_and_resume_is_exact(uninterrupted,
     assert "killed by signal 9" in str(exc.value)
     assert exc.value.checkpoint is not None and exc.value.checkpoint.endswith("step_000002")
     monkeypatch.delenv("MUTUALRL_FAULT_POINT")
+    # resuming a's 2-rank state on 1 worker would not continue the ranks' sampling: refused, naming workers
+    one = dict(cfg, policies=[dict(cfg["policies"][0], workers=1), cfg["policies"][1]])
+    with pytest.raises(ConfigError, match=r"policies\.0\.workers.*cannot change when resuming"):
+        MutualTrainer(one, cut, resume=True, progress=False).train()
     MutualTrainer(cfg, cut, resume=True, progress=False).train()
     assert _metrics(cut) == _metrics(full)
     assert _exchange_rows(cut) == _exchange_rows(full)  # none lost, none twice
@@ -315,6 +319,11 @@ def test_the_8gpu_example_plans_6_plus_2(capsys):
     got = {p["name"]: (p["ranks"], p["gpu"]) for p in plan["placements"]}
     assert got == {"mistral7b": (6, 0), "qwen1b5": (2, 6)}
     assert all(p["predicted_allreduce_s"] > 0 for p in plan["placements"])
+    # the LoRA policy's ranks sum the adapter's gradients (~42 M values for Mistral-7B at r = 16), not 7 B
+    ar = {p["name"]: p["predicted_allreduce_s"] for p in plan["placements"]}
+    assert ar["mistral7b"] < ar["qwen1b5"] / 10
+    from mutualrl.allocation.data_parallel import lora_params
+    assert 0.85 * 41.9e6 < lora_params(7_248_023_552, 16, "all-linear") < 1.15 * 41.9e6
 
 
 def test_a_plan_whose_ranks_cannot_hold_the_model_is_refused(tmp_path, capsys):
@@ -357,3 +366,28 @@ def test_auto_ranks_come_from_the_placement(tiny_config):
 
     again = RunPlan.from_dict(json.loads(json.dumps(placed.to_dict())))
     assert again.workers == placed.workers
+
+
+def test_an_auto_policy_on_cpu_cores_gets_the_ranks_that_shorten_its_step(tiny_config, monkeypatch):
+    """On CPU cores a workers: auto policy gets the rank count whose predicted step is shortest: a rank
+    per thread for a tiny policy on 4 cores (its all-reduce costs next to nothing), one
+    worker when the all-reduce would cost more than the ranks save, one worker under the sequential
+    scheduler (no processes), and 2 ranks at least with fsdp."""
+    from mutualrl.allocation.cost import CostModel, estimate_parameters
+    from mutualrl.allocation.planner import Resources, plan
+
+    def ranks(cfg: dict) -> list[int]:
+        c = load_config(cfg)
+        return [p.ranks for p in plan(c, Resources(4.0), CostModel(c, estimate_parameters(c))).placements]
+
+    cfg = dict(tiny_config, scheduler="local", prompts_per_step=4)
+    cfg["policies"] = [dict(cfg["policies"][0], workers="auto"), cfg["policies"][1]]
+    c = load_config(cfg)
+    tiny = plan(c, Resources(4.0), CostModel(c, estimate_parameters(c))).placements[0]
+    assert tiny.ranks >= 2 and tiny.threads == 1 and ranks(cfg)[1] == 1
+    assert ranks(dict(cfg, scheduler="sequential")) == [1, 1]
+    fsdp = dict(cfg, policies=[dict(cfg["policies"][0], fsdp=True), cfg["policies"][1]])
+    assert ranks(fsdp)[0] >= 2
+    monkeypatch.setattr(CostModel, "allreduce_s", lambda self, i, w: 1e3 * (w - 1))
+    assert ranks(cfg) == [1, 1]
+    assert ranks(fsdp) == [2, 1]  # the fewest that shard

@@ -29,7 +29,7 @@ import torch
 
 from mutualrl import zoo
 from mutualrl.algorithms.sharing import parse_strategy
-from mutualrl.allocation.data_parallel import CPU_ALLREDUCE_GB_S, allreduce_seconds
+from mutualrl.allocation.data_parallel import CPU_ALLREDUCE_GB_S, allreduce_seconds, lora_params
 from mutualrl.config import RunConfig
 from mutualrl.modelref import ModelRef
 
@@ -132,6 +132,13 @@ class CostModel:
         known = [q for q in self.params if q]
         return int(sum(known) / len(known)) if known else 1_000_000
 
+    def trainable_params(self, index: int) -> int:
+        """What policy ``index``'s gradient all-reduce moves: every parameter, or under ``peft`` the
+        LoRA adapter's (:func:`~mutualrl.allocation.data_parallel.lora_params`)."""
+        peft = self.cfg.policies[index].peft
+        n = self.effective_params(index)
+        return n if peft is None else lora_params(n, peft.r, peft.target_modules)
+
     def flops(self, index: int) -> PhaseCost:
         """Predicted FLOPs of policy ``index`` for one step."""
         return predict_step(self.cfg, index, self.effective_params(index), self.prompt_tokens)
@@ -162,7 +169,7 @@ class CostModel:
     def allreduce_s(self, index: int, ranks: int) -> float:
         """Predicted seconds of policy ``index``'s gradient all-reduce over ``ranks`` CPU workers: the
         ring's bytes at the bandwidth its ranks measured (:data:`CPU_ALLREDUCE_GB_S` until then)."""
-        return allreduce_seconds(self.effective_params(index), ranks, 1.0) * self._comm[index].value
+        return allreduce_seconds(self.trainable_params(index), ranks, 1.0) * self._comm[index].value
 
     @property
     def calibrated(self) -> bool:
@@ -247,7 +254,7 @@ class CostModel:
         times (the planner adds it back per layout). Its transfer is the smallest rank's sync time
         (``allreduce_s_min``: the others' also wait for the slowest rank's compute)."""
         comm = _first(update, "allreduce_s_min", "allreduce_s")
-        unit = allreduce_seconds(self.effective_params(index), ranks, 1.0)
+        unit = allreduce_seconds(self.trainable_params(index), ranks, 1.0)
         if comm is None or comm <= 0 or unit <= 0:
             return update, cpu_s
         self._comm[index].update(comm / unit, self.alpha)

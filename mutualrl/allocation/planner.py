@@ -227,13 +227,32 @@ def _cpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], cores: flo
     out = []
     ranks = fixed_ranks(cfg)
     for i, s, t, n in zip(idx, real, threads, nice, strict=True):
-        w = ranks[i] or 1  # auto: one worker on CPU cores (more only add the all-reduce)
+        w = ranks[i] or _cpu_auto_ranks(cfg, costs, i, s, t)
         r, u = costs.seconds(i, s / w)  # each rank: 1/w of the work on 1/w of the share
         r, u = r / w, u / w
         ar = costs.allreduce_s(i, w)
         out.append(Placement(i, cfg.policies[i].name, costs.effective_params(i), s, max(1, t // w), n, node,
                              predicted_rollout_s=r, predicted_update_s=u + ar, ranks=w, predicted_allreduce_s=ar))
     return out
+
+
+def _cpu_auto_ranks(cfg: RunConfig, costs: CostModel, i: int, share: float, threads: int) -> int:
+    """A ``workers: auto`` policy's ranks on CPU cores: the count, from 1 to its threads (a thread and
+    a prompt a rank at least; 2 at least with ``fsdp``), whose predicted step is shortest. Each rank
+    does 1/w of the work on 1/w of the policy's cores, so ranks shrink the part of the work threads do
+    not speed up, and add the gradient all-reduce: the tiny zoo policies gain from 2 ranks on 2 cores,
+    SmolLM2-135M and Gemma-3-270M do not (``benchmarks/data_parallel.py``). One worker under the
+    ``sequential`` scheduler (no processes to rank)."""
+    least = 2 if cfg.policies[i].fsdp else 1
+    if cfg.scheduler == "sequential":
+        return 1
+    most = max(least, min(threads, cfg.prompts_per_step))
+
+    def step(w: int) -> float:
+        r, u = costs.seconds(i, share / w)
+        return (r + u) / w + costs.allreduce_s(i, w)
+
+    return min(range(least, most + 1), key=step)
 
 
 def _mode(placements: list[Placement]) -> str:
@@ -254,7 +273,7 @@ def _ranked_gpu_placements(cfg: RunConfig, costs: CostModel, idx: list[int], gpu
     speed = PRIOR_GPU_S_PER_FLOP / PRIOR_CORE_S_PER_FLOP
     step = [sum(costs.core_seconds(i)) * speed for i in idx]
     fixed = [fixed_ranks(cfg)[i] for i in idx]
-    trainable = [costs.effective_params(i) for i in idx]
+    trainable = [costs.trainable_params(i) for i in idx]
     comm = lambda j, n: allreduce_seconds(trainable[j], n, GPU_ALLREDUCE_GB_S)
     counts = split_devices(step, len(gpus), fixed, comm, most=cfg.prompts_per_step)
     if sum(counts) > len(gpus):
