@@ -149,13 +149,15 @@ def run(args: argparse.Namespace) -> None:
     study.notes.append(f"compute-matched control: {ctrl.name} with own verified successes of the last 16 steps "
                        f"added until a step trains {tokens} tokens, what the chosen sharing arm {budget_from} trained a "
                        "step (per policy) on the tuning seeds")
+    headline = (ind, ctrl, matched, best)
     if args.phase == "tune":
         study.run((a, s) for a in (matched, eff, *halves) for s in tune)
+    elif args.phase == "headline":
+        study.run((a, s) for s in final for a in headline)
     else:
         # the headline arms on every seed first, so an interrupted study has its peers' share
-        study.run([(a, s) for s in final for a in (ind, ctrl, matched, best)]
-                  + [(a, s) for s in final for a in (eff, *halves)])
-    study.arms = {a.name: a for a in (ind, ctrl, matched, best, eff, *halves)}
+        study.run([(a, s) for s in final for a in headline] + [(a, s) for s in final for a in (eff, *halves)])
+    study.arms = {a.name: a for a in (headline if args.phase == "headline" else (*headline, eff, *halves))}
     study.write({"task_file": args.task_file, "own_replay": args.own_replay,
                  "zoo_seed": "run seed" if args.zoo_seed_follows_seed else args.zoo_seed, "steps": args.steps,
                  "val_size": VAL_SIZE, "test_size": TEST_SIZE, "tune_seeds": tune})
@@ -170,8 +172,9 @@ def parser(name: str = "mutual", out: str = "runs/study_mutual") -> argparse.Arg
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--tune-seeds", default="0")
     ap.add_argument("--final-seeds", default="0,1,2,3,4")
-    ap.add_argument("--phase", choices=("tune", "all"), default="all",
-                    help="tune: the tuning rounds only (and the derived arms on the tuning seeds)")
+    ap.add_argument("--phase", choices=("tune", "headline", "all"), default="all",
+                    help="tune: the tuning rounds only (and the derived arms on the tuning seeds); headline: every "
+                    "chosen arm but the efficiency ones on the final seeds; all: the efficiency arms too")
     ap.add_argument("--own-replay", action="store_true",
                     help="a second round of sharing candidates: the first round's choice with the compute-matched "
                     "control's own replay rows at its token budget (differs from the control by the peers' rows)")
