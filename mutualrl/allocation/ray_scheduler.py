@@ -290,6 +290,10 @@ class RayScheduler(Scheduler):
                                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") \
                 from None
         except RayTaskError as exc:
+            dead = self._dead_rank(i)
+            if dead is not None:  # another rank's actor died and this one failed in a collective with it
+                raise WorkerFailed(self.names[dead], f"actor died during {method}() {self._where(dead)}\n(then "
+                                   f"{self.names[i]}: {exc})") from None
             culprit = self._behind(i)
             if culprit != i:  # it failed waiting for another rank of its policy
                 raise WorkerFailed(self.names[culprit], f"fell behind its policy's other ranks in {method}() "
@@ -301,6 +305,26 @@ class RayScheduler(Scheduler):
         self.last_cpu_s[i] = msg.get("cpu_s")
         self.last_wall_s[i] = msg.get("wall_s")
         return msg["result"]
+
+    def _dead_rank(self, worker: int, wait_s: float = 5.0) -> int | None:
+        """Another rank of ``worker``'s policy whose actor died (given ``wait_s`` to show it), as the
+        local scheduler looks for a dead process before asking who is behind; None when there is none."""
+        ray = _import_ray()
+        from ray.exceptions import RayActorError
+
+        others = [w for w in self.layout.members[self.layout.policy_of(worker)] if w != worker and w in self._inflight]
+        if not others:
+            return None
+        refs = {self._inflight[w][0]: w for w in others}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s)
+        for ref in ready:
+            try:
+                ray.get(ref, timeout=0)
+            except RayActorError:
+                return refs[ref]
+            except Exception:  # noqa: BLE001, S112 - that rank failed otherwise: not a death
+                continue
+        return None
 
     def _behind(self, worker: int) -> int:
         """Of ``worker``'s policy's ranks, the one behind the others in the collectives they reach
