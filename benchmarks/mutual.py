@@ -117,7 +117,8 @@ def build_study(args: argparse.Namespace) -> Study:
         cfg["threads"] = 1  # fixed, so a run's numbers do not depend on what else the machine does
         return cfg
 
-    return Study(args.name, base, Path(args.out), jobs=args.jobs, reuse=args.reuse)
+    return Study(args.name, base, Path(args.out), jobs=args.jobs, reuse=args.reuse,
+                 final_seeds=[int(s) for s in args.final_seeds.split(",")])
 
 
 def run(args: argparse.Namespace) -> None:
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> None:
     ctrl = study.tune("self_imitate", controls, tune)
     best = study.tune("sharing", sharing, tune)
     tokens = round(study.per_step(best, tune, "train_tokens"))
-    budget_from = best.name
+    budget_from, first_round = best.name, best
     if args.own_replay:
         best = study.tune("sharing_own", [best, *own_replay_candidates(best, tokens)], tune)
         study.notes.append(f"Second round of sharing candidates: the first round's choice with the compute-matched "
@@ -141,9 +142,10 @@ def run(args: argparse.Namespace) -> None:
     matched = Arm("self_imitate_matched", "self_imitate_matched", "baseline",
                   {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": matched_block}})
     half = {"grpo": {"num_generations": 4}}
+    # the first round's choice: a second-round arm's token budget is the full budget's, not the half's
     eff = Arm("efficiency", "efficiency", "efficiency",
-              deep_merge(best.overrides, {**half, "sharing": {"strategy": f"{best.overrides['sharing']['strategy']}+prp",
-                                                              "prp": {"max_per_prompt": 4}}}))
+              deep_merge(first_round.overrides, {**half, "sharing": {
+                  "strategy": f"{first_round.overrides['sharing']['strategy']}+prp", "prp": {"max_per_prompt": 4}}}))
     halves = [Arm(f"{a.name}_half", f"{a.family}_half", "half_baseline", deep_merge(a.overrides, half))
               for a in (ind, ctrl)]
     study.notes.append(f"compute-matched control: {ctrl.name} with own verified successes of the last 16 steps "

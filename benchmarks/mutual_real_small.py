@@ -281,9 +281,15 @@ def main() -> None:
           f"{choice['extraction']}, formats {choice['formats']}", flush=True)
     tune, final = [int(x) for x in args.tune_seeds.split(",")], [int(x) for x in args.final_seeds.split(",")]
     # stage 2 takes stage 1's runs of the same config (its tuning rounds) instead of training them again
+    if args.own_replay and not args.quick:  # stage 2's final seeds are fresh: stage 1's test splits were read
+        stage1 = ROOT / "benchmarks" / "results" / "mutual_real_small.json"
+        seen = set(json.loads(stage1.read_text()).get("final_seeds", [])) if stage1.is_file() else set()
+        if seen & set(final):
+            ap.error(f"--final-seeds {args.final_seeds}: stage 1 read the test split of seeds {sorted(seen)}; "
+                     "stage 2 needs fresh ones (e.g. --final-seeds 3,4,5)")
     study = Study(args.name, lambda seed: base_config(choice, args, seed), Path(args.out), jobs=args.jobs,
                   reuse=args.reuse, parallel=args.parallel, final_seeds=final,
-                  reuse_from=["mutual_real_small"] if args.own_replay else [])
+                  reuse_from=["mutual_real_small"] if args.own_replay else [], reuse_from_seeds=tune)
     ind = study.tune("independent", [Arm(f"independent_lr{n}", "independent", "baseline",
                                          {"grpo": {"learning_rate": lr}})
                                      for n, lr in (("1e-5", 1e-5), ("3e-5", 3e-5))], tune)

@@ -100,8 +100,11 @@ class Study:
     of it. None: the longest seed list an arm holds (the tuning seed is then one of the final ones)."""
     reuse_from: list[str] = field(default_factory=list)
     """Other studies whose committed records this one may take, copied into its own ``_runs/`` (with
-    ``reuse``): a later stage of a study reuses the earlier stage's runs of the same config instead of
-    training them again."""
+    ``reuse``; marked ``reused_from``): a later stage of a study reuses the earlier stage's runs of the
+    same config instead of training them again."""
+    reuse_from_seeds: list[int] | None = None
+    """The seeds whose records ``reuse_from`` may give (a later stage takes the earlier one's tuning
+    runs, never its final runs, whose test split was read); None: any."""
     keep_checkpoints: bool = False
     """Keep a finished run's checkpoints (default: removed once its compact record is written: the
     record is all the study reads, and two checkpoints of the real-model pair take ~10 GB a run)."""
@@ -110,6 +113,7 @@ class Study:
     notes: list[str] = field(default_factory=list)
     t0: float = field(default_factory=time.perf_counter)
     load_start: float = field(default_factory=lambda: os.getloadavg()[0])
+    _fingerprints: dict[str, str] = field(default_factory=dict)
     _trained: set[Path] = field(default_factory=set)
     """Run directories this study process trained (a later round reuses them even without --reuse)."""
 
@@ -209,22 +213,44 @@ class Study:
             wanted = dataclasses.replace(load_config(cfg, check_paths=False), threads=None)
         except ValueError:
             return False
-        for runs_dir in (self.runs_dir, *(RESULTS / f"{other}_runs" for other in self.reuse_from)):
+        others = [] if self.reuse_from_seeds is not None and seed not in self.reuse_from_seeds else self.reuse_from
+        for runs_dir in (self.runs_dir, *(RESULTS / f"{other}_runs" for other in others)):
             path = runs_dir / name
             try:
-                recorded = load_config(json.loads(path.read_text())["config"], check_paths=False)
+                record = json.loads(path.read_text())
+                recorded = load_config(record["config"], check_paths=False)
             except (OSError, ValueError, KeyError):
                 continue
             # torch threads set the speed, not the training: a record trained on other threads is kept
             # (its config, threads included, stays in the record)
             if dataclasses.replace(recorded, threads=None) != wanted:
                 continue
-            if runs_dir != self.runs_dir:  # the record joins this study's runs, as it is
+            if record.get("weights") and (here := self.weights(cfg)) and record["weights"] != here:
+                # the same config on other starting weights (a zoo build of another CPU kind): trained again
+                print(f"[{self.name}] {name}: recorded on other starting weights than this machine's; trained again",
+                      file=sys.stderr, flush=True)
+                continue
+            if runs_dir != self.runs_dir:  # the record joins this study's runs, marked where it came from
                 self.runs_dir.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, self.runs_dir / name)
-                self.notes.append(f"{name} is the run recorded by {runs_dir.name[:-len('_runs')]} (same config).")
+                record["reused_from"] = runs_dir.name[:-len("_runs")]
+                (self.runs_dir / name).write_text(json.dumps(record, separators=(",", ":")))
             return True
         return False
+
+    def weights(self, cfg: Mapping[str, Any]) -> dict[str, str]:
+        """The fingerprint of each policy's starting weights in ``cfg`` (cached per model path)."""
+        from mutualrl.modelref import resolve_model_path
+
+        out = {}
+        for pol in cfg["policies"]:
+            try:
+                path = resolve_model_path(pol["model"])
+            except Exception:  # noqa: BLE001 - a model this machine cannot resolve: nothing to compare
+                return {}
+            if path not in self._fingerprints:
+                self._fingerprints[path] = weights_fingerprint(path)
+            out[pol["name"]] = self._fingerprints[path]
+        return out
 
     def _finished(self, d: Path, cfg: dict[str, Any]) -> bool:
         return (d / "summary.json").is_file() and self._same_spec(d, cfg)
@@ -250,6 +276,7 @@ class Study:
         """Run ``candidates`` on ``seeds``; the one with the best mean final validation accuracy."""
         self.run((a, s) for a in candidates for s in seeds)
         runs = load_compacts(self.runs_dir)
+        _check_paired_builds([r for r in runs if r["arm"] in {a.name for a in candidates} and r["seed"] in seeds])
         scores = {}
         for a in candidates:
             vals = [_val(r) for r in runs if r["arm"] == a.name and r["seed"] in seeds]
@@ -390,8 +417,10 @@ def _comparisons(runs: Sequence[Mapping[str, Any]], roles: Mapping[str, str], ar
         strong = out["peers_share"]["strongest_baseline"] if out["peers_share"] else None
         best = out["peers_share"]["best_sharing_arm"] if out["peers_share"] else None
         if strong and best:
-            out["compute_match"] = {k: table[best][k]["mean"] / max(table[strong][k]["mean"], 1e-9)
-                                    for k in ("trained_tokens", "optimizer_steps", "sampled_tokens")}
+            ratios = {k: table[best][k]["mean"] / max(table[strong][k]["mean"], 1e-9)
+                      for k in ("trained_tokens", "optimizer_steps", "sampled_tokens")}
+            out["compute_match"] = {**ratios, "within_10_percent": all(
+                abs(ratios[k] - 1) <= 0.10 for k in ("trained_tokens", "optimizer_steps"))}
     eff = [a for a in arms if roles[a] == "efficiency"]
     half = [a for a in arms if roles[a] == "half_baseline"]
     if eff and base:
@@ -496,7 +525,7 @@ AGGREGATE_KEYS = ("final_seeds", "arms", "peers_share", "pairwise", "compute_mat
 """The keys of a study's JSON that :func:`aggregate` computes (the rest describe the run that wrote it)."""
 
 
-def rewrite(name: str, result: Mapping[str, Any]) -> dict[str, Any]:
+def rewrite(name: str, result: Mapping[str, Any], seeds_given: bool = False) -> dict[str, Any]:
     """Replace the figures of the committed ``results/<name>.json`` with ``result`` (a fresh
     :func:`aggregate`): what the study run recorded about itself (tuning, notes, machine, load, wall
     time, its extras) is kept, the aggregated keys are replaced (one the new aggregation lacks is
@@ -508,6 +537,8 @@ def rewrite(name: str, result: Mapping[str, Any]) -> dict[str, Any]:
             f"(python benchmarks/study.py aggregate {name} --write), final seeds {result.get('final_seeds')}; "
             "machine, load, jobs and wall_s are those of the study run that wrote this file before.")
     out = {**kept, **result, "notes": [*old.get("notes", []), note]}
+    if seeds_given:  # a later plain re-aggregation takes the same seeds
+        out["declared_final_seeds"] = list(result["final_seeds"])
     write_result_to(path, out)
     return out
 
@@ -534,7 +565,7 @@ def main() -> None:
     elif args.cmd == "aggregate":
         result = aggregate(args.name, _arms_to_aggregate(args.name, args.arms), _seeds_to_aggregate(args.name, args.seeds))
         if args.write:
-            result = rewrite(args.name, result)
+            result = rewrite(args.name, result, seeds_given=bool(args.seeds))
         print_table(result)
         print(json.dumps({k: result[k] for k in ("peers_share", "efficiency", "compute_match") if k in result},
                          indent=1))

@@ -167,10 +167,21 @@ def test_declared_final_seeds_leave_a_tuning_run_out_and_a_later_stage_reuses_th
     later = study_mod.Study("later", lambda seed: dict(tiny_config, threads=2), tmp_path / "r2", reuse=True,
                             reuse_from=["first"])
     assert later._recorded(arm, 0, later.config(arm, 0))
-    assert json.loads((tmp_path / "later_runs" / "a-seed0.json").read_text()) == {"config": first.config(arm, 0)}
-    assert any("first" in n for n in later.notes)
+    assert json.loads((tmp_path / "later_runs" / "a-seed0.json").read_text()) == {"config": first.config(arm, 0),
+                                                                                  "reused_from": "first"}
     assert not later._recorded(arm, 0, dict(later.config(arm, 0), steps=7))
     assert not later._recorded(arm, 1, later.config(arm, 1))
+    # only the earlier stage's tuning seeds are taken (its final runs' test split was read)
+    (tmp_path / "first_runs" / "a-seed3.json").write_text(json.dumps({"config": first.config(arm, 3)}))
+    fresh = study_mod.Study("fresh", lambda seed: dict(tiny_config, threads=2), tmp_path / "r3", reuse=True,
+                            reuse_from=["first"], reuse_from_seeds=[0])
+    assert fresh._recorded(arm, 0, fresh.config(arm, 0)) and not fresh._recorded(arm, 3, fresh.config(arm, 3))
+    # a record of the same config trained on other starting weights is trained again
+    (tmp_path / "first_runs" / "a-seed0.json").write_text(json.dumps({"config": first.config(arm, 0),
+                                                                       "weights": {"a": "elsewhere", "b": "x"}}))
+    other = study_mod.Study("other", lambda seed: dict(tiny_config, threads=2), tmp_path / "r4", reuse=True,
+                            reuse_from=["first"])
+    assert not other._recorded(arm, 0, other.config(arm, 0))
 
 
 def test_runs_of_one_seed_from_different_builds_are_not_paired(tmp_path, monkeypatch):
