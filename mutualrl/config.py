@@ -197,6 +197,10 @@ class PolicyConfig(Freezable):
     system_prompt: str | None = None
     grpo: dict[str, Any] = field(default_factory=dict)
     """Per-policy overrides of the run-level ``grpo`` options."""
+    sharing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-policy overrides of the run's sharing step blocks, by step: ``{imitate: {match_tokens: 120}}``
+    changes this policy's ``sharing.imitate.match_tokens`` only (a token budget per policy, say, so
+    that a sharing arm matches each policy's compute-matched control)."""
     device: str = "auto"
     """``auto`` (the run's ``device``, or the resource plan's), ``cpu``, ``cuda`` or ``cuda:N``."""
     peft: PeftConfig | None = None
@@ -301,6 +305,14 @@ class RunConfig(Freezable):
         pol = self.policies[index]
         merged = dataclasses.asdict(self.grpo) | dict(pol.grpo)
         return build(GRPOOptions, merged, f"policies[{index}].grpo")
+
+    def policy_sharing(self, index: int) -> dict[str, dict[str, Any]]:
+        """The sharing step blocks of policy ``index``: the run's ``sharing.<step>`` blocks with its
+        ``policies[i].sharing`` overrides merged in, field by field."""
+        steps = {name: dict(block) for name, block in self.sharing.steps.items()}
+        for name, block in self.policies[index].sharing.items():
+            steps[name] = {**steps.get(name, {}), **dict(block)}
+        return steps
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, defaults filled in, as plain JSON-able values (reads back to an equal config);

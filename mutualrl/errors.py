@@ -12,4 +12,5 @@ class ConfigError(UserError):
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        self.reason = message
         super().__init__(f"config error at '{field}': {message}")

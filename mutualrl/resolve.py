@@ -349,6 +349,20 @@ def check_sharing(cfg: RunConfig) -> None:
             raise ConfigError(f"sharing.{name}", f"step {name!r} has no settings; remove the block")
         step.settings_from(block)
     strategy = parse_strategy(sh.strategy)
+    chain = {s.name for s in strategy.all_steps}
+    for i, pol in enumerate(cfg.policies):
+        for name, block in pol.sharing.items():
+            step = strategy_step(name)
+            if step is None or name not in chain or step.settings is None:
+                raise ConfigError(f"policies[{i}].sharing.{name}", f"overrides a step the strategy {sh.strategy!r} "
+                                  f"does not run with settings (steps with settings here: "
+                                  f"{', '.join(sorted(s.name for s in strategy.all_steps if s.settings)) or 'none'})")
+            if not isinstance(block, dict):
+                raise ConfigError(f"policies[{i}].sharing.{name}", "a mapping of the step's fields to values")
+            try:
+                step.settings_from(cfg.policy_sharing(i).get(name))
+            except ConfigError as exc:
+                raise ConfigError(f"policies[{i}].{exc.field}", exc.reason) from None
     if len(cfg.policies) < 2 and strategy.reads:
         raise ConfigError("sharing.strategy", f"{sh.strategy!r} reads the peers' rows: give at least 2 policies, or "
                           "use 'independent' (or a step that needs no peer, such as 'self_imitate')")

@@ -121,8 +121,8 @@ class PolicyWorker(WorkerAPI):
             self.policy.shard()
         import_strategy_modules(cfg.sharing.modules)
         self.strategy = parse_strategy(cfg.sharing.strategy)
-        self.settings = self.strategy.settings(cfg.sharing)
-        """Every step's settings (its ``sharing.<step>`` block), by step name."""
+        self.settings = self.strategy.settings(cfg.policy_sharing(index))
+        """Every step's settings (its ``sharing.<step>`` block, with this policy's overrides), by step name."""
         for phase, lr in self.strategy.optimizer_phases(self.settings).items():
             self.policy.add_optimizer(phase, lr)
         self.peers = self._load_peers()

@@ -232,3 +232,29 @@ def test_cli_bad_data_file_exits_2_and_creates_nothing(good, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "bad.jsonl:2" in err
     assert not out.exists()
+
+
+def test_a_policy_overrides_its_sharing_step_settings(tiny_config):
+    """``policies[i].sharing`` overrides the run's ``sharing.<step>`` fields for that policy only (a
+    token budget per policy, say): each worker builds its batches with its own merged settings; a block
+    for a step the strategy does not run, an unknown field or a bad value is refused naming the policy."""
+    from mutualrl.resolve import resolve
+    from mutualrl.worker import PolicyWorker
+
+    cfg = dict(tiny_config, sharing={"strategy": "imitate", "imitate": {"replay_steps": 4, "own_extra_rows": 8,
+                                                                        "match_tokens": 100}})
+    cfg["policies"] = [cfg["policies"][0], dict(cfg["policies"][1], sharing={"imitate": {"match_tokens": 10}})]
+    plan = resolve(cfg)
+    assert plan.config.policy_sharing(0)["imitate"]["match_tokens"] == 100
+    got = []
+    for i in (0, 1):
+        w = PolicyWorker(plan, i, None)
+        got.append((w.settings["imitate"].match_tokens, w.settings["imitate"].own_extra_rows))
+        w.close()
+    assert got == [(100, 8), (10, 8)]
+    for bad, where in (({"sgt": {"weight": 1.0}}, r"policies\[1\]\.sharing\.sgt"),
+                       ({"imitate": {"nope": 1}}, r"policies\[1\]\.sharing\.imitate\.nope"),
+                       ({"imitate": {"match_tokens": -1}}, r"policies\[1\]\.sharing\.imitate\.match_tokens")):
+        cfg["policies"][1] = dict(cfg["policies"][1], sharing=bad)
+        with pytest.raises(ConfigError, match=where):
+            load_config(cfg)
