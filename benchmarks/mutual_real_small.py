@@ -225,7 +225,29 @@ def base_config(choice: dict[str, Any], args: argparse.Namespace, seed: int) -> 
     return base
 
 
-FINAL_ARMS = ("independent", "self_imitate", "matched", "sharing")
+def held_to_control(study: Any, best: Any, matched: Any, tune: list[int], choice: dict[str, Any],
+                    args: argparse.Namespace) -> Any:
+    """The chosen sharing arm held, policy by policy, to the trained tokens a step the compute-matched
+    control reached on the tuning seeds (``policies[i].sharing.imitate.match_tokens``): peers' rows first
+    within that budget, then the policy's own earlier successes, as the control adds them. The control
+    cannot reach a common budget when a policy has few successes of its own (Gemma-3), so this arm
+    trains what the control trains, policy by policy: the headline's sharing arm may train more."""
+    from study import Arm, deep_merge
+
+    study.run((matched, s_) for s_ in tune)
+    per_policy = study.per_step_by_policy(matched, tune, "train_tokens")
+    block = {**best.overrides["sharing"]["imitate"], "own_extra_rows": 64,
+             "replay_steps": max(16, best.overrides["sharing"]["imitate"].get("replay_steps", 0))}
+    policies = [dict(p, sharing={"imitate": {"match_tokens": round(per_policy[p["name"]])}})
+                for p in base_config(choice, args, tune[0])["policies"]]
+    study.notes.append("matched_sharing: " + best.name + " with the control's own replay rows, held to the control's "
+                       "trained tokens a step per policy on the tuning seeds (" + ", ".join(
+                           f"{k} {v:.0f}" for k, v in per_policy.items()) + ")")
+    return Arm(f"{best.name}_held", "matched_sharing", "matched_sharing",
+               deep_merge(best.overrides, {"sharing": {"imitate": block}, "policies": policies}))
+
+
+FINAL_ARMS = ("independent", "self_imitate", "matched", "sharing", "matched_sharing")
 """The chosen arms a study can train on its final seeds (``--final-arms``)."""
 
 
@@ -247,7 +269,8 @@ def main() -> None:
     ap.add_argument("--final-seeds", default="0,1,2")
     ap.add_argument("--final-arms", default="independent,self_imitate,matched,sharing",
                     help="which chosen arms train on the final seeds (comma-separated of independent, "
-                    "self_imitate, matched, sharing): the headline needs only matched and sharing")
+                    "self_imitate, matched, sharing, matched_sharing): the headline needs only matched and sharing; "
+                    "matched_sharing is the chosen sharing arm held to the control's tokens per policy")
     ap.add_argument("--name", default="mutual_real_small")
     ap.add_argument("--quick", action="store_true", help="4 steps, 20 problems per type, one seed (a smoke test)")
     ap.add_argument("--own-replay", action="store_true",
@@ -325,6 +348,8 @@ def main() -> None:
                        f"Compute-matched control: self_imitate with own earlier successes until a step trains "
                        f"{tokens} tokens ({budget_from}'s per step on the tuning seeds).")
     chosen = {"independent": ind, "self_imitate": ctrl, "matched": matched, "sharing": best}
+    if "matched_sharing" in wanted:  # the chosen sharing arm held to each policy's tokens in the control
+        chosen["matched_sharing"] = held_to_control(study, best, matched, tune, choice, args)
     arms = tuple(a for w, a in chosen.items() if w in wanted)
     if len(arms) < len(chosen):
         study.notes.append(f"Final seeds {args.final_seeds} trained only: {', '.join(a.name for a in arms)}; the other "

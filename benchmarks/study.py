@@ -76,8 +76,9 @@ class Arm:
     name: str
     family: str
     role: str
-    """``baseline`` (single model), ``sharing``, ``efficiency`` (sharing at a smaller own budget) or
-    ``half_baseline`` (single model at that budget)."""
+    """``baseline`` (single model), ``sharing``, ``efficiency`` (sharing at a smaller own budget),
+    ``half_baseline`` (single model at that budget) or ``matched_sharing`` (a sharing arm held to each
+    policy's compute in the strongest baseline: reported against it, not a candidate for the best arm)."""
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
@@ -288,6 +289,12 @@ class Study:
               + ", ".join(f"{n} {100 * v['mean']:.1f}" for n, v in scores.items()), file=sys.stderr, flush=True)
         return chosen
 
+    def per_step_by_policy(self, arm: Arm, seeds: Sequence[int], key: str) -> dict[str, float]:
+        """The mean of step metric ``key`` of ``arm`` per step, for each policy (from its recorded runs)."""
+        runs = [r for r in load_compacts(self.runs_dir) if r["arm"] == arm.name and r["seed"] in seeds]
+        return {p: statistics.fmean(s.get(key, 0) for r in runs for s in r["steps"] if s["policy"] == p)
+                for p in runs[0]["policies"]}
+
     def per_step(self, arm: Arm, seeds: Sequence[int], key: str) -> float:
         """The mean of step metric ``key`` of ``arm`` per policy and step (from its recorded runs)."""
         runs = [r for r in load_compacts(self.runs_dir) if r["arm"] == arm.name and r["seed"] in seeds]
@@ -421,6 +428,12 @@ def _comparisons(runs: Sequence[Mapping[str, Any]], roles: Mapping[str, str], ar
                       for k in ("trained_tokens", "optimizer_steps", "sampled_tokens")}
             out["compute_match"] = {**ratios, "within_10_percent": all(
                 abs(ratios[k] - 1) <= 0.10 for k in ("trained_tokens", "optimizer_steps"))}
+    held = [a for a in arms if roles[a] == "matched_sharing"]
+    if held and base:
+        strong = evidence.strongest(sel, base)
+        out["matched_sharing"] = {a: {"vs_strongest_baseline": evidence.paired(sel, a, strong), "compute_match": {
+            k: table[a][k]["mean"] / max(table[strong][k]["mean"], 1e-9)
+            for k in ("trained_tokens", "optimizer_steps", "sampled_tokens")}} for a in held}
     eff = [a for a in arms if roles[a] == "efficiency"]
     half = [a for a in arms if roles[a] == "half_baseline"]
     if eff and base:
@@ -471,6 +484,11 @@ def print_table(result: Mapping[str, Any]) -> None:
             lo, hi = ps["ci95"]
             print(f"\npeers' share{label}: {ps['best_sharing_arm']} - {ps['strongest_baseline']} = {ps['mean']:+.1f} "
                   f"pts [{lo:+.1f}, {hi:+.1f}] per seed {', '.join(f'{v:+.1f}' for v in ps['values'])}")
+    for a, cmp in result.get("matched_sharing", {}).items():
+        v = cmp["vs_strongest_baseline"]
+        lo, hi = v["ci95"]
+        print(f"compute-matched sharing {a} - {v['baseline']} = {v['mean']:+.1f} pts [{lo:+.1f}, {hi:+.1f}] "
+              f"(trained tokens x{cmp['compute_match']['trained_tokens']:.2f})")
     for e, cmp in result.get("efficiency", {}).items():
         for k, v in cmp.items():
             lo, hi = v["ci95"]
@@ -520,7 +538,7 @@ def _seeds_to_aggregate(name: str, seeds: str | None) -> list[int] | None:
     return json.loads(path.read_text()).get("declared_final_seeds") if path.is_file() else None
 
 
-AGGREGATE_KEYS = ("final_seeds", "arms", "peers_share", "pairwise", "compute_match", "efficiency",
+AGGREGATE_KEYS = ("final_seeds", "arms", "peers_share", "pairwise", "compute_match", "efficiency", "matched_sharing",
                   "arms_on_fewer_seeds", "on_common_seeds")
 """The keys of a study's JSON that :func:`aggregate` computes (the rest describe the run that wrote it)."""
 

@@ -217,3 +217,30 @@ def test_runs_of_one_seed_from_different_builds_are_not_paired(tmp_path, monkeyp
     record("base", "baseline", common.weights_fingerprint(model))
     with pytest.raises(SystemExit, match="seed 0: .*other weights"):
         study_mod.aggregate("s", ["share", "base"])
+
+
+def test_a_sharing_arm_held_to_the_controls_compute_is_reported_against_it_apart(tmp_path, monkeypatch):
+    """A ``matched_sharing`` arm (the sharing arm held to the control's tokens per policy) is compared with
+    the strongest baseline with its compute ratio, and never competes for the best sharing arm."""
+    import importlib
+    import json
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    study_mod = importlib.import_module("study")
+    monkeypatch.setattr(study_mod, "RESULTS", tmp_path)
+    runs = tmp_path / "s_runs"
+    runs.mkdir()
+    arms = {"share": ("sharing", 0.6, 30), "base": ("baseline", 0.5, 10), "held": ("matched_sharing", 0.9, 10)}
+    for arm, (role, acc, tokens) in arms.items():
+        for seed in (0, 1):
+            rec = {"arm": arm, "family": arm, "role": role, "seed": seed, "overrides": {}, "strategy": "x",
+                   "policies": ["p"], "wall_s": 1.0, "git_rev": "r",
+                   "evals": [{"policy": "p", "step": 4, "val_acc": acc, "test_acc": acc + 0.01 * seed}],
+                   "steps": [{"policy": "p", "step": 1, "train_tokens": tokens, "optimizer_steps": 1, "gen_tokens": 5}]}
+            (runs / f"{arm}-seed{seed}.json").write_text(json.dumps(rec))
+    out = study_mod.aggregate("s", list(arms))
+    assert out["peers_share"]["best_sharing_arm"] == "share" and abs(out["peers_share"]["mean"] - 10.0) < 1e-9
+    held = out["matched_sharing"]["held"]
+    assert held["vs_strongest_baseline"]["baseline"] == "base" and abs(held["vs_strongest_baseline"]["mean"] - 40) < 1e-9
+    assert held["compute_match"]["trained_tokens"] == 1.0 and out["compute_match"]["within_10_percent"] is False
