@@ -173,14 +173,17 @@ def test_an_exported_policy_samples_through_vllm_with_the_same_greedy_answers(tr
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from mutualrl.engines.vllm import process_state_kept
+
     worker = _worker_at(trained_zoo_run, "g", 2)
     questions = _questions(worker)
     prompts = [worker.policy.encode_prompt(q) for q in questions]
     want = [s.completion_ids for s in worker.policy.generate(questions, greedy=True)]
     worker.close()
     d = str(exports["g"])  # the directory as it is: vLLM reads its config, weights, tokenizer, eos ids
-    llm = LLM(model=d, tokenizer=d, dtype="float32", enforce_eager=True, max_model_len=128, seed=0,
-              max_num_seqs=8, max_num_batched_tokens=256)
+    with process_state_kept():  # vLLM's CPU worker would leave torch.set_num_threads a no-op
+        llm = LLM(model=d, tokenizer=d, dtype="float32", enforce_eager=True, max_model_len=128, seed=0,
+                  max_num_seqs=8, max_num_batched_tokens=256)
     try:
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
                             SamplingParams(temperature=0.0, max_tokens=worker.policy.options.max_completion_length),

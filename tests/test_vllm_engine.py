@@ -148,3 +148,19 @@ def test_each_rank_of_a_two_rank_policy_samples_with_vllm_at_the_updated_weights
     assert any(r["grad_norm"] > 0 for r in rows[:-1])  # the weights moved before a later step sampled
     info = json.loads((tmp_path / "run" / "policies.json").read_text())
     assert info[0]["ranks"] == 2 and len(set(info[0]["rank_pids"])) == 2
+
+
+def test_the_engine_puts_back_torchs_own_thread_setter_even_after_another_llm_patched_it(monkeypatch):
+    """A ``vllm.LLM`` made elsewhere in the process (an export check, a user's own) leaves its no-op
+    behind; the next engine must not save and restore that no-op as if it were torch's."""
+    from mutualrl.engines.vllm import process_state_kept
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # what vLLM's CPU worker installs
+    try:
+        with process_state_kept():
+            pass
+        torch.set_num_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch._C.set_num_threads(before)

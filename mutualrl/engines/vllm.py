@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import random
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -67,15 +68,15 @@ def check_vllm(model_dir: str | None = None) -> str | None:
 
 
 @contextlib.contextmanager
-def _process_state_kept() -> Iterator[None]:
+def process_state_kept() -> Iterator[None]:
     """Leave the process as it was when an in-process vLLM engine starts: vLLM's CPU worker replaces
     ``torch.set_num_threads`` with a no-op for the whole process (after binding its OpenMP threads),
     and seeds the global RNGs. Without this, a worker that hosts an engine could no longer be given
     other threads (a re-plan of MWRA, a zoo build after it: both silently kept vLLM's count, and a
-    build's weights changed) and the global random streams would restart from vLLM's seed."""
-    import random
-
-    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    build's weights changed) and the global random streams would restart from vLLM's seed. The
+    function put back is torch's own (``torch._C.set_num_threads``), so a ``vllm.LLM`` made
+    elsewhere in the process before this one cannot leave its no-op behind either."""
+    threads = torch.get_num_threads()
     rng, py_rng = torch.random.get_rng_state(), random.getstate()
     try:
         import numpy as np
@@ -85,7 +86,7 @@ def _process_state_kept() -> Iterator[None]:
     try:
         yield
     finally:
-        torch.set_num_threads = set_threads  # type: ignore[method-assign]
+        torch.set_num_threads = torch._C.set_num_threads  # type: ignore[method-assign]
         torch.set_num_threads(threads)
         torch.random.set_rng_state(rng)
         random.setstate(py_rng)
@@ -119,7 +120,7 @@ class VLLMEngine:
         if policy.device.type == "cuda":
             kwargs["gpu_memory_utilization"] = g.gpu_memory_utilization
         t0 = time.perf_counter()
-        with _process_state_kept():
+        with process_state_kept():
             self.llm = LLM(model=policy.model_path, tokenizer=policy.model_path,
                            dtype="bfloat16" if policy.compute_dtype == "bfloat16" else "float32",
                            enforce_eager=g.enforce_eager, max_model_len=max_len, seed=0,
