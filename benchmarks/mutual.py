@@ -1,7 +1,7 @@
 """The sharing study on the embedded default, under the protocol of ``benchmarks/study.py``.
 
     python benchmarks/mutual.py [--jobs 2] [--reuse] [--final-seeds 0,1,2,3,4] [--tune-seeds 0]
-        [--task-file FILE --zoo-seed N --name NAME] [--steps N] [--phase tune|all]
+        [--task-file FILE --zoo-seed N --name NAME] [--steps N] [--phase tune|headline|all] [--own-replay]
 
 The two shipped zoo policies (or a ``zoo build --task`` file's), their task with 1,000 validation and
 1,000 test problems, 64 prompts x 8 samples a step, 300 steps. The rounds:

@@ -3,7 +3,7 @@ addition or subtraction), policies built with ``mutualrl zoo build --task exampl
 (under two minutes a build), **each run on the zoo build of its own seed**: seeds vary the warm starts
 as well as the prompts and the sampling.
 
-    python benchmarks/mutual_taskmix.py [--jobs 2] [--reuse] [--final-seeds 0,1,2,3,4] [--phase tune|all]
+    python benchmarks/mutual_taskmix.py [--jobs 2] [--reuse] [--final-seeds 0,1,2,3,4] [--phase tune|headline|all] [--own-replay]
 
 The protocol and arms of ``benchmarks/mutual.py`` (tuned on validation, compute-matched control,
 efficiency arm, test read once, paired intervals) on the task file's policies (``gpt2-x3``: GPT-2,
