@@ -22,14 +22,22 @@ from mutualrl.resolve import load_config
 HERE = Path(__file__).resolve().parent
 
 
-def _ranks(model: Path, strategy: str, world: int, out: Path, loss: str) -> list[dict]:
-    store = serve_store("127.0.0.1", 60) if world > 1 else None
-    rv = f"tcp://127.0.0.1:{store.port}/p" if store is not None else "-"
+def _ranks(model: Path, strategy: str, out: Path, loss: str, fsdp: bool = False) -> tuple[dict, list[dict]]:
+    """The single worker's reference and 2 gloo ranks on the same batch, all three processes at once
+    (they share nothing but the files they write): the reference's result and the ranks'."""
+    store = serve_store("127.0.0.1", 60)
     env = dict(os.environ, OMP_NUM_THREADS="1", DP_LOSS=loss, PYTHONPATH=str(HERE.parent))
-    procs = [subprocess.Popen([sys.executable, str(HERE / "_dp_rank.py"), str(model), strategy, str(r), str(world), rv,
-                               str(out / f"{world}-{r}.pt")], env=env) for r in range(world)]
-    assert [p.wait(timeout=120) for p in procs] == [0] * world
-    return [torch.load(out / f"{world}-{r}.pt") for r in range(world)]
+    env.pop("DP_FSDP", None)
+
+    def launch(rank: int, world: int, rv: str, extra: dict) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(HERE / "_dp_rank.py"), str(model), strategy, str(rank),
+                                 str(world), rv, str(out / f"{world}-{rank}.pt")], env={**env, **extra})
+
+    procs = [launch(0, 1, "-", {})] + [launch(r, 2, f"tcp://127.0.0.1:{store.port}/p", {"DP_FSDP": "1"} if fsdp else {})
+                                        for r in range(2)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 3
+    one, *two = (torch.load(out / f) for f in ("1-0.pt", "2-0.pt", "2-1.pt"))
+    return one, two
 
 
 @pytest.mark.parametrize(("strategy", "loss"), [("independent", "grpo"), ("independent", "dr_grpo"), ("imitate", "dapo")])
@@ -40,8 +48,7 @@ def test_two_gloo_ranks_take_the_single_worker_update(tiny_models, tmp_path, str
     the ranks' losses add up to the single worker's (each is its rows' share: local denominators
     would break this), the gradient norm after the all-reduce is the single worker's (averaging
     instead of summing would halve it), and both ranks hold the single worker's weights."""
-    one = _ranks(tiny_models["tiny-gpt2"], strategy, 1, tmp_path, loss)[0]
-    two = _ranks(tiny_models["tiny-gpt2"], strategy, 2, tmp_path, loss)
+    one, two = _ranks(tiny_models["tiny-gpt2"], strategy, tmp_path, loss)
     losses = [k for k in one["stats"] if k.endswith("loss")]
     assert ("imitate_loss" in losses) == (strategy == "imitate")
     for k in losses:
@@ -67,9 +74,7 @@ def test_fsdp_ranks_take_the_single_worker_update(tiny_models, tmp_path, monkeyp
     phase and in the reference forward)."""
     for k, v in options.items():
         monkeypatch.setenv(k, v)
-    one = _ranks(tiny_models["tiny-gpt2"], strategy, 1, tmp_path, "grpo")[0]
-    monkeypatch.setenv("DP_FSDP", "1")
-    two = _ranks(tiny_models["tiny-gpt2"], strategy, 2, tmp_path, "grpo")
+    one, two = _ranks(tiny_models["tiny-gpt2"], strategy, tmp_path, "grpo", fsdp=True)
     for k in (k for k in one["stats"] if k.endswith("loss")):
         assert sum(r["stats"].get(k, 0.0) for r in two) == pytest.approx(one["stats"][k], rel=1e-5, abs=1e-7), k
     for k in (k for k in one["stats"] if k.endswith(("grad_norm", "optimizer_steps"))):
