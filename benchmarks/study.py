@@ -426,14 +426,20 @@ def _comparisons(runs: Sequence[Mapping[str, Any]], roles: Mapping[str, str], ar
         if strong and best:
             ratios = {k: table[best][k]["mean"] / max(table[strong][k]["mean"], 1e-9)
                       for k in ("trained_tokens", "optimizer_steps", "sampled_tokens")}
+            tok = evidence.token_ratios(sel, best, strong)
             out["compute_match"] = {**ratios, "within_10_percent": all(
-                abs(ratios[k] - 1) <= 0.10 for k in ("trained_tokens", "optimizer_steps"))}
+                abs(ratios[k] - 1) <= 0.10 for k in ("trained_tokens", "optimizer_steps")),
+                "trained_tokens_per_seed": tok["per_seed"], "trained_tokens_per_policy": tok["per_policy"],
+                "every_seed_and_policy_within_10_percent": all(
+                    abs(x - 1) <= 0.10 for x in (*tok["per_seed"], *(v for p in tok["per_policy"].values()
+                                                                       for v in p["values"])))}
     held = [a for a in arms if roles[a] == "matched_sharing"]
     if held and base:
         strong = evidence.strongest(sel, base)
         out["matched_sharing"] = {a: {"vs_strongest_baseline": evidence.paired(sel, a, strong), "compute_match": {
-            k: table[a][k]["mean"] / max(table[strong][k]["mean"], 1e-9)
-            for k in ("trained_tokens", "optimizer_steps", "sampled_tokens")}} for a in held}
+            **{k: table[a][k]["mean"] / max(table[strong][k]["mean"], 1e-9)
+               for k in ("trained_tokens", "optimizer_steps", "sampled_tokens")},
+            "trained_tokens_per_policy": evidence.token_ratios(sel, a, strong)["per_policy"]}} for a in held}
     eff = [a for a in arms if roles[a] == "efficiency"]
     half = [a for a in arms if roles[a] == "half_baseline"]
     if eff and base:
@@ -484,6 +490,12 @@ def print_table(result: Mapping[str, Any]) -> None:
             lo, hi = ps["ci95"]
             print(f"\npeers' share{label}: {ps['best_sharing_arm']} - {ps['strongest_baseline']} = {ps['mean']:+.1f} "
                   f"pts [{lo:+.1f}, {hi:+.1f}] per seed {', '.join(f'{v:+.1f}' for v in ps['values'])}")
+    cm = result.get("compute_match")
+    if cm and "trained_tokens_per_policy" in cm:
+        seeds = ", ".join(f"{x:.2f}" for x in cm["trained_tokens_per_seed"])
+        pols = ", ".join(f"{p} {v['mean']:.2f}" for p, v in cm["trained_tokens_per_policy"].items())
+        print(f"compute: trained tokens x{cm['trained_tokens']:.2f} (per seed {seeds}; per policy {pols}), "
+              f"optimizer steps x{cm['optimizer_steps']:.2f}")
     for a, cmp in result.get("matched_sharing", {}).items():
         v = cmp["vs_strongest_baseline"]
         lo, hi = v["ci95"]

@@ -81,6 +81,34 @@ def compute_spent(run: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def tokens_by_policy(run: Mapping[str, Any]) -> dict[str, float]:
+    """The run's trained tokens per policy (each optimizer phase counted)."""
+    out: dict[str, float] = {}
+    for s in run["steps"]:
+        if "policy" in s:
+            out[s["policy"]] = out.get(s["policy"], 0.0) + float(s.get("train_tokens", 0))
+    return out
+
+
+def token_ratios(runs: Sequence[Mapping[str, Any]], arm: str, baseline: str) -> dict[str, Any]:
+    """``arm``'s trained tokens over ``baseline``'s, per seed both ran (both policies together) and per
+    policy (the mean and the per-seed values): a pair matched on the sum can leave one policy
+    training far more than its control, and that policy's gain is then not the peers' alone."""
+    mine = {int(r["seed"]): r for r in runs if r["arm"] == arm}
+    theirs = {int(r["seed"]): r for r in runs if r["arm"] == baseline}
+    seeds = sorted(set(mine) & set(theirs))
+    per_seed = {s: compute_spent(mine[s])["trained_tokens"] / max(compute_spent(theirs[s])["trained_tokens"], 1e-9)
+                for s in seeds}
+    per_policy: dict[str, list[float]] = {}
+    for s in seeds:
+        a, b = tokens_by_policy(mine[s]), tokens_by_policy(theirs[s])
+        for p in a:
+            if b.get(p):
+                per_policy.setdefault(p, []).append(a[p] / b[p])
+    return {"seeds": seeds, "per_seed": [per_seed[s] for s in seeds],
+            "per_policy": {p: {"mean": statistics.fmean(v), "values": v} for p, v in per_policy.items()}}
+
+
 def by_seed(runs: Iterable[Mapping[str, Any]], arm: str, split: str = "test") -> dict[int, float]:
     """Final accuracy of ``arm``'s runs on ``split``, by seed."""
     out = {}

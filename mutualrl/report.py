@@ -312,6 +312,9 @@ def peers_share_section(runs: list[dict[str, Any]]) -> list[str]:
     if all(spent.values()):
         tok = [statistics.fmean(x["trained_tokens"] for x in spent[a]) for a in spent]
         ratio = f"; it trained {tok[0] / max(tok[1], 1.0):.2f}x the baseline's tokens"
+        per_policy = evidence.token_ratios(runs, share["best_sharing_arm"], share["strongest_baseline"])["per_policy"]
+        if len(per_policy) > 1:
+            ratio += " (" + ", ".join(f"{p} {v['mean']:.2f}x" for p, v in per_policy.items()) + ")"
     lead = (f"**{share['best_sharing_arm']}** against the strongest single-model arm "
             f"**{share['strongest_baseline']}** (both chosen by validation accuracy), on test: "
             f"**{share['mean']:+.1f} points**, {ci}; per seed {vals}{ratio}.")

@@ -244,3 +244,32 @@ def test_a_sharing_arm_held_to_the_controls_compute_is_reported_against_it_apart
     held = out["matched_sharing"]["held"]
     assert held["vs_strongest_baseline"]["baseline"] == "base" and abs(held["vs_strongest_baseline"]["mean"] - 40) < 1e-9
     assert held["compute_match"]["trained_tokens"] == 1.0 and out["compute_match"]["within_10_percent"] is False
+
+
+def test_the_compute_match_is_reported_per_seed_and_per_policy(tmp_path, monkeypatch):
+    """A sharing arm matched to its control on the two policies' sum can still train one policy far
+    more than that policy's control: the compute match says so per policy and per seed."""
+    import importlib
+    import json
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    study_mod = importlib.import_module("study")
+    monkeypatch.setattr(study_mod, "RESULTS", tmp_path)
+    runs = tmp_path / "s_runs"
+    runs.mkdir()
+    tokens = {"share": {"a": 30, "b": 10}, "base": {"a": 20, "b": 20}}  # equal sums, 1.5x and 0.5x per policy
+    for arm, role, acc in (("share", "sharing", 0.6), ("base", "baseline", 0.5)):
+        for seed in (0, 1):
+            rec = {"arm": arm, "family": arm, "role": role, "seed": seed, "overrides": {}, "strategy": "x",
+                   "policies": ["a", "b"], "wall_s": 1.0, "git_rev": "r",
+                   "evals": [{"policy": p, "step": 4, "val_acc": acc, "test_acc": acc} for p in "ab"],
+                   "steps": [{"policy": p, "step": 1, "train_tokens": tokens[arm][p] * (1 + seed),
+                              "optimizer_steps": 1, "gen_tokens": 5} for p in "ab"]}
+            (runs / f"{arm}-seed{seed}.json").write_text(json.dumps(rec))
+    cm = study_mod.aggregate("s", ["share", "base"])["compute_match"]
+    assert cm["trained_tokens"] == 1.0 and cm["within_10_percent"] is True
+    assert cm["trained_tokens_per_seed"] == [1.0, 1.0]
+    assert cm["trained_tokens_per_policy"] == {"a": {"mean": 1.5, "values": [1.5, 1.5]},
+                                               "b": {"mean": 0.5, "values": [0.5, 0.5]}}
+    assert cm["every_seed_and_policy_within_10_percent"] is False
