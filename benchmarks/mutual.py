@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> None:
               for a in (ind, ctrl)]
     study.notes.append(f"compute-matched control: {ctrl.name} with own verified successes of the last 16 steps "
                        f"added until a step trains {tokens} tokens, what the chosen sharing arm {budget_from} trained a "
-                       "step (per policy) on the tuning seeds")
+                       "step on the tuning seeds (the mean over the policies: one budget for both)")
     headline = (ind, ctrl, matched, best)
     if args.phase == "tune":
         study.run((a, s) for a in (matched, eff, *halves) for s in tune)
