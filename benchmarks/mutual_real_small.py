@@ -69,6 +69,35 @@ SGT_LAMBDA = 1.0
 """The rescue loss weight of the zoo study's SGT arm (``examples/zoo_sgt.yaml``)."""
 
 
+def study_test_questions(sources: list[Any], per_type: int) -> dict[str, set[str]]:
+    """Per candidate type, every test question it could have in the study's task (seed 0): the
+    study's task holds any subset of the candidates, each at any place in its list."""
+    from mutualrl.tasks import Task
+
+    return {s.name: {p.question for i in range(len(sources))
+                     for p in s.generate("test", per_type, Task.split_seed(0, i, "test"))} for s in sources}
+
+
+def zero_shot_problems(n: int) -> tuple[Any, dict[str, list[Any]]]:
+    """The zero-shot study's task and its ``n`` validation problems per candidate type, held out of
+    the study's test split: the study's task holds any of the candidates at any place, and a type's
+    test problems depend on its place, so every test question the type could have there is removed
+    by text before the ``n`` are taken."""
+    from mutualrl.tasks import GymSource, Task
+
+    sources = [GymSource(c["name"], k, c["config"]) for k, c in CANDIDATES.items()]
+    task = Task(sources, [1.0] * len(sources), test_size=TEST_PER_TYPE * len(sources), train_size=len(sources) * 1200,
+                val_size=2 * n * len(sources), seed=0)
+    held = study_test_questions(sources, TEST_PER_TYPE)
+    out = {}
+    for src in task.source_names:
+        out[src] = [p for p in task.val[src] if p.question not in held[src]][:n]
+        if len(out[src]) < n:
+            raise SystemExit(f"zero-shot: {src} has {len(out[src])} validation problems outside the study's test "
+                             f"questions, fewer than {n}: lower --zero-shot-size")
+    return task, out
+
+
 def zero_shot(n: int, max_new: int) -> dict[str, Any]:
     """Greedy exact accuracy per model, format, extraction and task type."""
     import torch
@@ -76,13 +105,8 @@ def zero_shot(n: int, max_new: int) -> dict[str, Any]:
     from mutualrl.config import GRPOOptions
     from mutualrl.modelref import resolve_model_path
     from mutualrl.policy import Policy
-    from mutualrl.tasks import GymSource, Task
 
-    sources = [GymSource(c["name"], k, c["config"]) for k, c in CANDIDATES.items()]
-    # the choice reads validation problems: held out of the study's test split (the same test problems
-    # per type as the study's task, removed here before the validation ones are taken)
-    task = Task(sources, [1.0] * len(sources), test_size=TEST_PER_TYPE * len(sources), train_size=len(sources) * 1200,
-                val_size=n * len(sources), seed=0)
+    task, problems = zero_shot_problems(n)
     out: dict[str, Any] = {}
     for model, formats in FORMATS.items():
         path = resolve_model_path(f"real:{model}")
@@ -91,8 +115,7 @@ def zero_shot(n: int, max_new: int) -> dict[str, Any]:
             pol = Policy(model, path, GRPOOptions(max_completion_length=max_new), **fmt)
             row: dict[str, Any] = {**fmt, "accuracy": {}}
             t = time.perf_counter()
-            for src in task.source_names:
-                probs = task.val[src][:n]
+            for src, probs in problems.items():
                 with torch.no_grad():
                     texts = [s.text for s in pol.generate([p.question for p in probs], greedy=True, batch_size=50)]
                 for ex in EXTRACTIONS:

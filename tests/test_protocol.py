@@ -273,3 +273,29 @@ def test_the_compute_match_is_reported_per_seed_and_per_policy(tmp_path, monkeyp
     assert cm["trained_tokens_per_policy"] == {"a": {"mean": 1.5, "values": [1.5, 1.5]},
                                                "b": {"mean": 0.5, "values": [0.5, 0.5]}}
     assert cm["every_seed_and_policy_within_10_percent"] is False
+
+
+@pytest.mark.parametrize("types", [["add", "mul"], ["mul", "add"]])
+def test_the_real_model_studys_zero_shot_problems_are_none_of_its_test_questions(types, monkeypatch):
+    """The zero-shot study that picks the real-model study's task types reads validation problems;
+    none is a test question of the study's task, whichever types it holds in whatever order (a type's
+    test problems depend on its place in the task's list)."""
+    import argparse
+    from pathlib import Path
+
+    from mutualrl.resolve import resolve_task
+    from mutualrl.tasks.build import build_task
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import mutual_real_small as study
+
+    _, problems = study.zero_shot_problems(40)
+    assert all(len(ps) == 40 for ps in problems.values()) and set(problems) == set(study.CANDIDATES)
+    args = argparse.Namespace(quick=False, generations=4, steps=10, prompts=4, evals=2, jobs=1)
+    choice = {"tasks": types, "extraction": "last_number",
+              "formats": {"smollm2": {"prompt_template": "{question} Answer: "},
+                          "gemma3": {"prompt_template": "{question} Answer: "}}}
+    task = build_task(resolve_task(study.base_config(choice, args, 0)["task"], check_paths=False))
+    for t in types:
+        test = {p.question for p in task.split("test")[t]}
+        assert len(test) == study.TEST_PER_TYPE and not test & {p.question for p in problems[t]}, t

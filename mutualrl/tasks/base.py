@@ -196,10 +196,10 @@ class Task:
         self._by_id: dict[str, Problem] = {}
         for i, src in enumerate(self.sources):
             n_test = max(1, round(test_size * self.weights[i]))
-            test = src.generate("test", n_test, seed * 1000 + 2 * i + 1)
+            test = src.generate("test", n_test, self.split_seed(seed, i, "test"))
             test_q = {p.question for p in test}
             n_train = max(1, round(train_size * self.weights[i]))
-            train = [p for p in src.generate("train", n_train, seed * 1000 + 2 * i + 2)
+            train = [p for p in src.generate("train", n_train, self.split_seed(seed, i, "train"))
                      if p.question not in test_q]
             n_val = round(val_size * self.weights[i]) if val_size else 0
             if len(train) - n_val < 1:
@@ -214,6 +214,13 @@ class Task:
                 self._by_id[p.id] = p
 
     # -- problems
+    @staticmethod
+    def split_seed(seed: int, position: int, split: str) -> int:
+        """The generation seed of the ``split`` ("test" or "train"; validation is the tail of train)
+        of the source at ``position`` in a task of seed ``seed``: a source's problems depend on its
+        place in the task's list, so one type held out of a study must be held out at every place."""
+        return seed * 1000 + 2 * position + (1 if split == "test" else 2)
+
     @property
     def source_names(self) -> list[str]:
         """The names (aliases) of the task's sources, in the config's order: its skills."""
