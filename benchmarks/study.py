@@ -408,6 +408,18 @@ def _arm_summary(runs: Sequence[Mapping[str, Any]], arm: str, seeds: Sequence[in
             "git_revs": sorted({str(r.get("git_rev")) for r in rs})}
 
 
+def _compute_ratios(runs: Sequence[Mapping[str, Any]], table: Mapping[str, Mapping[str, Any]], arm: str,
+                    baseline: str) -> dict[str, Any]:
+    """``arm``'s compute over ``baseline``'s: the means' ratios of trained tokens, optimizer steps and
+    sampled tokens, and the trained tokens' ratio per seed and per policy."""
+    from mutualrl import evidence
+
+    tok = evidence.token_ratios(runs, arm, baseline)
+    return {**{k: table[arm][k]["mean"] / max(table[baseline][k]["mean"], 1e-9)
+               for k in ("trained_tokens", "optimizer_steps", "sampled_tokens")},
+            "trained_tokens_per_seed": tok["per_seed"], "trained_tokens_per_policy": tok["per_policy"]}
+
+
 def _comparisons(runs: Sequence[Mapping[str, Any]], roles: Mapping[str, str], arms: Sequence[str],
                  seeds: Sequence[int], table: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The peers' share, the pairwise differences, the compute match and the efficiency comparisons
@@ -424,22 +436,17 @@ def _comparisons(runs: Sequence[Mapping[str, Any]], roles: Mapping[str, str], ar
         strong = out["peers_share"]["strongest_baseline"] if out["peers_share"] else None
         best = out["peers_share"]["best_sharing_arm"] if out["peers_share"] else None
         if strong and best:
-            ratios = {k: table[best][k]["mean"] / max(table[strong][k]["mean"], 1e-9)
-                      for k in ("trained_tokens", "optimizer_steps", "sampled_tokens")}
-            tok = evidence.token_ratios(sel, best, strong)
-            out["compute_match"] = {**ratios, "within_10_percent": all(
-                abs(ratios[k] - 1) <= 0.10 for k in ("trained_tokens", "optimizer_steps")),
-                "trained_tokens_per_seed": tok["per_seed"], "trained_tokens_per_policy": tok["per_policy"],
-                "every_seed_and_policy_within_10_percent": all(
-                    abs(x - 1) <= 0.10 for x in (*tok["per_seed"], *(v for p in tok["per_policy"].values()
-                                                                       for v in p["values"])))}
+            cm = _compute_ratios(sel, table, best, strong)
+            per_run = [*cm["trained_tokens_per_seed"],
+                       *(v for p in cm["trained_tokens_per_policy"].values() for v in p["values"])]
+            out["compute_match"] = {
+                **cm, "within_10_percent": all(abs(cm[k] - 1) <= 0.10 for k in ("trained_tokens", "optimizer_steps")),
+                "every_seed_and_policy_within_10_percent": all(abs(x - 1) <= 0.10 for x in per_run)}
     held = [a for a in arms if roles[a] == "matched_sharing"]
     if held and base:
         strong = evidence.strongest(sel, base)
-        out["matched_sharing"] = {a: {"vs_strongest_baseline": evidence.paired(sel, a, strong), "compute_match": {
-            **{k: table[a][k]["mean"] / max(table[strong][k]["mean"], 1e-9)
-               for k in ("trained_tokens", "optimizer_steps", "sampled_tokens")},
-            "trained_tokens_per_policy": evidence.token_ratios(sel, a, strong)["per_policy"]}} for a in held}
+        out["matched_sharing"] = {a: {"vs_strongest_baseline": evidence.paired(sel, a, strong),
+                                      "compute_match": _compute_ratios(sel, table, a, strong)} for a in held}
     eff = [a for a in arms if roles[a] == "efficiency"]
     half = [a for a in arms if roles[a] == "half_baseline"]
     if eff and base:
