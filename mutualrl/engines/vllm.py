@@ -4,7 +4,8 @@ The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the traine
 pushed into it after every optimizer step with ``collective_rpc`` + the model runner's
 ``reload_weights`` (an in-place reload that works on the CPU backend too, where a plain
 ``load_weights`` fails because parameters are repacked). Under LoRA only the adapted layers are
-pushed, with the adapter merged into their weights.
+pushed, with the adapter merged into their weights. After every sync the prefix cache is reset: a
+prompt sampled again would otherwise be continued from KV blocks computed with the old weights.
 
 Sampling: ``n = num_generations`` completions per prompt from token-id prompts, stopping at the
 policy's EOS ids or ``max_completion_length``, seeded per call from the policy's own generator
@@ -184,6 +185,10 @@ class VLLMEngine:
             return len(pairs)
 
         self.llm.collective_rpc(reload)
+        # a prompt sampled again would be continued from cached KV blocks of the old weights
+        if self.llm.reset_prefix_cache() is False:
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight sync (requests still "
+                               "running?): sampling would continue prompts from KV of the old weights")
         self._synced_once = True
         return time.perf_counter() - t0
 
