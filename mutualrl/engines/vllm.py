@@ -3,8 +3,11 @@
 The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the trainer's weights can be
 pushed into it after every optimizer step with ``collective_rpc`` + the model runner's
 ``reload_weights`` (an in-place reload that works on the CPU backend too, where a plain
-``load_weights`` fails because parameters are repacked). Under LoRA only the adapted layers are
-pushed, with the adapter merged into their weights. After every sync the prefix cache is reset: a
+``load_weights`` fails because parameters are repacked); the weights are streamed, one tensor at a
+time. Under LoRA, every module that holds an adapted layer is pushed whole (all its parameters, the
+adapted ones with the adapter merged): vLLM reloads a fused layer (``qkv_proj``, ``gate_up_proj``)
+from all of its parts, and one pushed in part kept uninitialised memory in the parts it did not
+get (NaN log-probs with LoRA on ``q_proj``/``v_proj`` only). After every sync the prefix cache is reset: a
 prompt sampled again would otherwise be continued from KV blocks computed with the old weights.
 
 Sampling: ``n = num_generations`` completions per prompt from token-id prompts, stopping at the
@@ -95,6 +98,55 @@ def process_state_kept() -> Iterator[None]:
             np.random.set_state(np_rng)
 
 
+def _is_lora_layer(module: torch.nn.Module) -> bool:
+    return hasattr(module, "get_delta_weight") and hasattr(module, "base_layer")
+
+
+def _merged_weight(module: Any) -> torch.Tensor:
+    """A peft LoRA layer's base weight with its active adapters merged in (a new tensor)."""
+    w = module.base_layer.weight.detach()
+    if getattr(module, "merged", False):  # peft already added the adapters into the base weight
+        return w
+    out = w.clone()
+    for a in module.active_adapters:
+        if a in getattr(module, "lora_A", {}) or a in getattr(module, "lora_embedding_A", {}):
+            out += module.get_delta_weight(a).detach().to(out.dtype)
+    return out
+
+
+def _module_weights(prefix: str, module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every parameter of ``module`` under its checkpoint name (``prefix.`` + the name without
+    peft's wrappers), LoRA layers' weights merged; one at a time."""
+    dot = f"{prefix}." if prefix else ""
+    if _is_lora_layer(module):
+        for name, p in module.base_layer.named_parameters():
+            yield f"{dot}{name}", _merged_weight(module) if name == "weight" else p.detach()
+        return
+    for name, p in module.named_parameters(recurse=False):
+        yield f"{dot}{name}", p.detach()
+    for name, child in module.named_children():
+        yield from _module_weights(f"{dot}{name}", child)
+
+
+def lora_sync_weights(base: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """What a LoRA policy pushes into vLLM, streamed: every module that holds an adapted layer
+    (its parent, e.g. ``self_attn`` for ``q_proj``: q, k, v and o), all of its parameters under
+    checkpoint names, the adapted weights merged. vLLM reloads a fused layer (``qkv_proj``) from
+    all of its parts; a module nested in another pushed one is pushed once."""
+    parents: list[str] = []
+    for name, module in base.named_modules():
+        if _is_lora_layer(module):
+            parent = name.rpartition(".")[0]
+            if parent not in parents:
+                parents.append(parent)
+    found = set(parents)
+    for name in parents:
+        parts = name.split(".") if name else []
+        ancestors = {".".join(parts[:i]) for i in range(len(parts))}  # "" (the model itself) included
+        if not ancestors & found:  # an enclosing module is pushed: this one comes with it
+            yield from _module_weights(name, base.get_submodule(name) if name else base)
+
+
 class VLLMEngine:
     """A vLLM ``LLM`` serving one policy, its weights kept equal to the trainer's.
 
@@ -162,27 +214,25 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ weights
     def _named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The trainer's weights under their checkpoint names (LoRA: adapted layers, merged)."""
+        """The trainer's weights under their checkpoint names, one tensor at a time (LoRA: every
+        module holding an adapted layer, whole, the adapters merged: :func:`lora_sync_weights`)."""
         model = self.policy.sampler_model
         if not self.policy.lora:
             for name, t in model.state_dict().items():
                 yield name, t.detach()
             return
-        base = model.get_base_model()
-        for name, module in base.named_modules():
-            if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
-                delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
-                w = module.base_layer.weight.detach()
-                yield f"{name}.weight", (w + delta).detach() if not isinstance(delta, int) else w
+        yield from lora_sync_weights(model.get_base_model())
 
     def sync_weights(self) -> float:
-        """Push the trainer's weights into the engine; returns the seconds it took."""
+        """Push the trainer's weights into the engine (streamed: one tensor at a time, a LoRA merge
+        built only when vLLM asks for the next), then reset the prefix cache; returns the seconds
+        it took."""
         t0 = time.perf_counter()
-        pairs = [(k, v.to("cpu") if self.policy.device.type == "cpu" else v) for k, v in self._named_weights()]
+        on_cpu = self.policy.device.type == "cpu"
+        weights = ((k, v.to("cpu") if on_cpu else v) for k, v in self._named_weights())
 
-        def reload(worker: Any) -> int:
-            worker.model_runner.reload_weights(weights_iterator=iter(pairs))
-            return len(pairs)
+        def reload(worker: Any) -> None:
+            worker.model_runner.reload_weights(weights_iterator=weights)
 
         self.llm.collective_rpc(reload)
         # a prompt sampled again would be continued from cached KV blocks of the old weights
