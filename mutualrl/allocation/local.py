@@ -37,6 +37,27 @@ from mutualrl.resolve import RunPlan
 from mutualrl.worker_api import WorkerAPI
 
 
+def child_visible_devices(gpu: int, parent: str | None) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` of a worker process given GPU ``gpu`` as this process counts
+    GPUs (its ``cuda:<gpu>``), where this process runs under ``parent`` (its own
+    ``CUDA_VISIBLE_DEVICES``; ``None``: unset). Unset, the index is CUDA's own; set, this process's
+    ``cuda:<gpu>`` is entry ``gpu`` of the parent's list (``2,3``; GPU UUIDs ``GPU-...``; MIG ids
+    ``MIG-...``), which the child is given as it is.
+
+    Raises:
+        ValueError: ``gpu`` is not an entry of the parent's list (or the list is empty).
+    """
+    if gpu < 0:
+        raise ValueError(f"a GPU index is >= 0, got {gpu}")
+    if parent is None:
+        return str(gpu)
+    entries = [e.strip() for e in parent.split(",") if e.strip()]
+    if gpu >= len(entries):
+        raise ValueError(f"GPU {gpu} asked for, but this process sees {len(entries)} GPU(s) "
+                         f"(CUDA_VISIBLE_DEVICES={parent!r}): the plan and the visible devices disagree")
+    return entries[gpu]
+
+
 @dataclass
 class _Proc:
     index: int
@@ -148,8 +169,8 @@ class LocalScheduler(Scheduler):
         env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                     "OPENBLAS_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
                     "PYTHONUNBUFFERED": "1", "MUTUALRL_WORKER": name})
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        if gpu is not None:  # the parent's cuda:<gpu>, through its own CUDA_VISIBLE_DEVICES where it has one
+            env["CUDA_VISIBLE_DEVICES"] = child_visible_devices(gpu, os.environ.get("CUDA_VISIBLE_DEVICES"))
         # idle OpenMP threads sleep instead of spinning: workers share cores with each other
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         log = open(log_path, "ab")  # noqa: SIM115 - the worker writes it for its whole life; closed in close()

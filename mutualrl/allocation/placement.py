@@ -26,13 +26,16 @@ BACKENDS: tuple[str, ...] = ("sequential", "local", "ray")
 
 
 def physical_gpu(policy_device: str, run_device: str, planned: int | None) -> int | None:
-    """The GPU a worker computes on: the policy's (or else the run's) ``cuda[:N]``, or the plan's
-    when both are ``auto``; None on the CPU (``cpu`` anywhere first wins)."""
+    """The GPU a worker computes on, from the policy's device (or else the run's): ``cuda:N`` pins
+    GPU ``N``; a plain ``cuda`` asks for a GPU and lets the plan decide which (the planned one, GPU 0
+    where the plan has none); ``auto`` (both) follows the plan. None on the CPU (``cpu`` first wins)."""
     for d in (policy_device, run_device):
         if d == "cpu":
             return None
-        if d.startswith("cuda"):
-            return int(d.split(":")[1]) if ":" in d else 0
+        if d == "cuda":
+            return planned if planned is not None else 0
+        if d.startswith("cuda:"):
+            return int(d.split(":", 1)[1])
     return planned
 
 
