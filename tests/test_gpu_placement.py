@@ -1,5 +1,6 @@
 """GPU placement without a GPU: which GPU ``cuda`` and ``cuda:N`` mean, the ``CUDA_VISIBLE_DEVICES``
-a worker process is given under a parent's own list."""
+a worker process is given under a parent's own list, the memory shares of the processes on one
+GPU, and the caching allocator's setting in a worker's environment (local processes, Ray actors)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,18 @@ from typing import ClassVar
 import pytest
 
 from mutualrl.allocation import local
+from mutualrl.allocation.gpu_memory import (
+    ALLOC_CONF,
+    EXPANDABLE,
+    GPU_MEMORY_HEADROOM,
+    allocator_env,
+    memory_shares,
+)
 from mutualrl.allocation.local import LocalScheduler, child_visible_devices
 from mutualrl.allocation.placement import physical_gpu, place
 from mutualrl.allocation.planner import Allocation, Placement, Resources
-from mutualrl.resolve import resolve
+from mutualrl.config import GRPOOptions
+from mutualrl.resolve import WorkerSpec, resolve
 
 
 # ----------------------------------------------------------------------------- cuda / cuda:N
@@ -90,13 +99,20 @@ class _FakePopen:
         return 0
 
 
-@pytest.mark.parametrize(("parent", "want_visible"), [(None, "1"), ("4,6", "6"), ("GPU-aaaa,GPU-bbbb", "GPU-bbbb")])
-def test_a_local_worker_on_a_gpu_gets_the_parents_entry(tmp_path, monkeypatch, parent, want_visible):
+@pytest.mark.parametrize(("parent", "user_conf", "want_visible", "want_conf"), [
+    (None, None, "1", EXPANDABLE),
+    ("4,6", None, "6", EXPANDABLE),
+    ("GPU-aaaa,GPU-bbbb", "max_split_size_mb:128", "GPU-bbbb", "max_split_size_mb:128"),
+])
+def test_a_local_worker_on_a_gpu_gets_the_mapped_gpu_and_expandable_segments(tmp_path, monkeypatch, parent,
+                                                                               user_conf, want_visible, want_conf):
     monkeypatch.setattr(local.subprocess, "Popen", _FakePopen)
-    if parent is None:
-        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    else:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", parent)
+    for key, value in (("CUDA_VISIBLE_DEVICES", parent), (ALLOC_CONF, user_conf)):
+        if value is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, value)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     _FakePopen.envs = []
     sched = LocalScheduler(verbose=False)
     on_gpu = sched._spawn(0, "a", 1, tmp_path / "a.log", gpu=1)
@@ -105,8 +121,52 @@ def test_a_local_worker_on_a_gpu_gets_the_parents_entry(tmp_path, monkeypatch, p
         p.log.close()
         p.popen.stdout.close()
     gpu_env, cpu_env = _FakePopen.envs
-    assert gpu_env["CUDA_VISIBLE_DEVICES"] == want_visible
+    assert gpu_env["CUDA_VISIBLE_DEVICES"] == want_visible and gpu_env[ALLOC_CONF] == want_conf
     assert cpu_env.get("CUDA_VISIBLE_DEVICES") == parent  # a CPU worker's environment is the parent's
+    assert cpu_env.get(ALLOC_CONF) == user_conf
+
+
+def test_a_ray_actor_on_a_gpu_gets_expandable_segments_unless_the_user_set_the_allocator():
+    from mutualrl.allocation.ray_scheduler import actor_env
+
+    gpu = WorkerSpec(index=0, name="a", options=GRPOOptions(), device="cuda:0")
+    cpu = WorkerSpec(index=1, name="b", options=GRPOOptions(), device="cpu")
+    assert actor_env(gpu, {}) == {ALLOC_CONF: EXPANDABLE}
+    assert actor_env(cpu, {}) == {}
+    assert actor_env(gpu, {ALLOC_CONF: "backend:cudaMallocAsync"}) == {}
+    assert actor_env(gpu, {"PYTORCH_ALLOC_CONF": "expandable_segments:False"}) == {}
+    assert actor_env(gpu, {}, job_env={ALLOC_CONF: "max_split_size_mb:64"}) == {}
+
+
+def test_allocator_env_keeps_what_the_user_set():
+    assert allocator_env({}) == {ALLOC_CONF: EXPANDABLE}
+    assert allocator_env({ALLOC_CONF: "x"}) == {}
+
+
+# ----------------------------------------------------------------------------- memory shares
+def test_the_shares_on_one_gpu_sum_to_at_most_the_headroom():
+    got = memory_shares([((None, 0), 0.7), ((None, 0), 0.3), ((None, 1), 0.5), ((None, 1), 0.3), (None, None),
+                         ((None, 2), None), (("node-b", 0), 1.0)])
+    assert got[0] == pytest.approx(0.63) and got[1] == pytest.approx(0.27)
+    assert got[2:4] == [0.5, 0.3]  # already within the headroom: left alone
+    assert got[4:6] == [None, None]
+    assert got[6] == pytest.approx(GPU_MEMORY_HEADROOM)  # one process, a share of 1: still leaves headroom
+    assert sum(got[:2]) <= GPU_MEMORY_HEADROOM + 1e-9
+    with pytest.raises(ValueError, match="share"):
+        memory_shares([((None, 0), 1.5)])
+
+
+def test_placed_workers_sharing_a_gpu_leave_headroom(tiny_config):
+    plan = resolve({**tiny_config, "device": "auto"}, check_paths=False)
+    gpu = [Placement(i, p.name, 0, 1.0, 1, gpu=0, gpu_fraction=f) for i, (p, f) in
+           enumerate(zip(plan.config.policies, (0.7, 0.3), strict=True))]
+    alloc = Allocation(gpu, Resources(cpus=2), "gpu")
+    for backend in ("local", "ray"):
+        placed = place(plan, alloc, backend, "memory://x")
+        shares = [w.gpu_fraction for w in placed.workers]
+        assert shares == [pytest.approx(0.63), pytest.approx(0.27)], backend
+        assert sum(shares) <= GPU_MEMORY_HEADROOM + 1e-9
+    assert [w.gpu_fraction for w in place(plan, alloc, "sequential", "memory://x").workers] == [None, None]
 
 
 def test_the_fake_popen_is_not_left_behind():

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from mutualrl.allocation.base import Scheduler, Venue, WorkerFailed, require_placed
+from mutualrl.allocation.gpu_memory import allocator_env
 from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
 from mutualrl.config import RunConfig
@@ -171,6 +172,7 @@ class LocalScheduler(Scheduler):
                     "PYTHONUNBUFFERED": "1", "MUTUALRL_WORKER": name})
         if gpu is not None:  # the parent's cuda:<gpu>, through its own CUDA_VISIBLE_DEVICES where it has one
             env["CUDA_VISIBLE_DEVICES"] = child_visible_devices(gpu, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            env.update(allocator_env(os.environ))
         # idle OpenMP threads sleep instead of spinning: workers share cores with each other
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         log = open(log_path, "ab")  # noqa: SIM115 - the worker writes it for its whole life; closed in close()

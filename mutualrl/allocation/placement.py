@@ -9,6 +9,9 @@ realise a placed plan and decide nothing; a worker reads its spec and decides no
 Backends differ only in how a device is seen: ``local`` gives each worker process its own GPU
 (seen as ``cuda:0``); ``ray`` lets the placement group's bundle do it (also ``cuda:0``); in
 ``sequential`` every worker lives in one process and names the physical device.
+
+The memory shares of the worker processes on one GPU sum to at most 0.9
+(:func:`~mutualrl.allocation.gpu_memory.memory_shares`): the rest is for their CUDA contexts.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import dataclasses
 import uuid
 from pathlib import Path
 
+from mutualrl.allocation.gpu_memory import memory_shares
 from mutualrl.allocation.planner import Allocation, Placement, Resources, plan_for
 from mutualrl.config import RunConfig
 from mutualrl.exchange.url import ExchangeURL
@@ -94,6 +98,7 @@ def place(plan: RunPlan, allocation: Allocation, backend: str, exchange: str, *,
         else:
             specs.append(spec)
     workers = []
+    gpus: list[tuple[str | None, int] | None] = []
     for spec in specs:
         pl: Placement = allocation.placements[spec.index]
         pol = cfg.policies[spec.index]
@@ -111,6 +116,10 @@ def place(plan: RunPlan, allocation: Allocation, backend: str, exchange: str, *,
             threads=threads or cfg.threads or planned,
             nice=0 if backend == "sequential" else pl.nice, node=pl.node, cpu_share=pl.cpu_share / spec.world,
             exchange=exchange, rendezvous=f"{rendezvous}/{spec.name}" if spec.world > 1 else None))
+        gpus.append((pl.node, gpu) if share is not None else None)
+    # the processes on one GPU leave headroom for what the allocator does not see (CUDA contexts)
+    shares = memory_shares([(g, w.gpu_fraction) for g, w in zip(gpus, workers, strict=True)])
+    workers = [dataclasses.replace(w, gpu_fraction=s) for w, s in zip(workers, shares, strict=True)]
     return dataclasses.replace(plan, workers=tuple(workers), placed=True)
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mutualrl.allocation.base import Scheduler, Venue, WorkerFailed, require_placed
+from mutualrl.allocation.gpu_memory import allocator_env
 from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
 from mutualrl.config import RunConfig
@@ -94,6 +95,25 @@ def bundle_for(spec: WorkerSpec) -> dict[str, float]:
     if spec.device is not None and spec.device.startswith("cuda"):
         bundle["GPU"] = spec.gpu_fraction if spec.gpu_fraction and spec.gpu_fraction < 1 else 1.0
     return bundle
+
+
+def actor_env(spec: WorkerSpec, environ: dict[str, str] | None = None,
+              job_env: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment variables a placed worker's actor is started with (its ``runtime_env``): on a
+    GPU, the caching allocator's ``expandable_segments`` (:func:`~mutualrl.allocation.gpu_memory.allocator_env`)
+    unless the user set the allocator's variable, in the driver's environment (``environ``) or the
+    job's runtime environment (``job_env``)."""
+    if spec.device is None or not spec.device.startswith("cuda"):
+        return {}
+    return allocator_env({**(job_env or {}), **(os.environ if environ is None else environ)})
+
+
+def _job_env_vars(ray: Any) -> dict[str, str]:
+    """The ``env_vars`` of the job's runtime environment (``ray.init(runtime_env=...)``), if any."""
+    try:
+        return dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
+    except Exception:  # noqa: BLE001 - an older Ray without it: the driver's environment decides
+        return {}
 
 
 class RayScheduler(Scheduler):
@@ -185,10 +205,13 @@ class RayScheduler(Scheduler):
                     want = [bundle_for(plan.workers[w]) for w in self.layout.members[i]]
                     raise WorkerFailed(cfg.policies[i].name, f"placement group {want} not placed within "
                                        f"{self.timeout:g}s; cluster: {resources.describe()}")
+            job_env = _job_env_vars(ray)
             for spec in plan.workers:
                 b = bundle_for(spec)
+                env = actor_env(spec, job_env=job_env)
                 actor = actor_cls.options(
                     num_cpus=b["CPU"], num_gpus=b.get("GPU", 0), max_restarts=0, max_concurrency=1,
+                    **({"runtime_env": {"env_vars": env}} if env else {}),
                     scheduling_strategy=PlacementGroupSchedulingStrategy(self.groups[spec.index],
                                                                          placement_group_bundle_index=spec.rank),
                 ).remote(json.dumps(plan.to_dict()), spec.index, str(self.run_dir) if self.run_dir else None, spec.rank)
