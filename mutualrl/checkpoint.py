@@ -167,8 +167,8 @@ def verify_checkpoint(ck: str | os.PathLike[str]) -> list[str]:
         d = ck / name
         try:
             load_file(str(d / MODEL_FILE))
-            torch.load(d / OPTIMIZER_FILE, weights_only=True)
-            torch.load(d / RNG_FILE, weights_only=True)
+            torch.load(d / OPTIMIZER_FILE, weights_only=True, map_location="cpu")
+            torch.load(d / RNG_FILE, weights_only=True, map_location="cpu")
             json.loads((d / STATE_FILE).read_text(encoding="utf-8"))
         except Exception as exc:  # noqa: BLE001 - report any reason it does not load
             problems.append(f"{d}: {type(exc).__name__}: {exc}")
@@ -314,9 +314,11 @@ def load_policy_state(directory: str | os.PathLike[str], policy: Any, rank: int 
         if not path.is_file():
             raise CheckpointError(f"{path}: missing: the checkpoint holds no state of optimizer phase {phase!r} "
                                   "(was it written by a run with another sharing strategy?)")
-        sd = torch.load(path, weights_only=True, map_location="cpu" if fsdp is not None else None)
+        # read onto the host whatever device wrote it (a GPU the reader may not have, or see under
+        # another number); load_state_dict moves each state to its parameter's device
+        sd = torch.load(path, weights_only=True, map_location="cpu")
         opt.load_state_dict(fsdp.local_optimizer_state(opt, sd) if fsdp is not None else sd)
-    rng = torch.load(d / rank_file(RNG_FILE, rank), weights_only=True)
+    rng = torch.load(d / rank_file(RNG_FILE, rank), weights_only=True, map_location="cpu")
     policy.generator.set_state(rng["generator"])
     torch.set_rng_state(rng["torch"])
     state = json.loads((d / rank_file(STATE_FILE, rank)).read_text(encoding="utf-8"))
