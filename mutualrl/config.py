@@ -60,6 +60,13 @@ class GRPOOptions(Freezable):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of keeping them (less memory, ~30 % more
     compute; TRL's name)."""
+    micro_batch_tokens: int | Literal["auto"] | None = bounded("auto", ge=16)
+    """Token budget of one forward/backward of an update (verl's ``ppo_max_token_len_per_gpu``):
+    each optimizer step accumulates its gradient over micro-batches of whole prompt groups of at
+    most this many forward tokens (distinct prompts once, plus every completion), so memory holds
+    one micro-batch's activations whatever the batch size; the step equals the one-batch step.
+    ``auto``: the largest budget that fits the memory the MWRA plan gives the policy
+    (docs/training.md, "Memory"); ``null``: the whole phase in one forward (no bound)."""
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate schedule after warm-up, over the run's ``steps``: ``constant``, ``linear``
     or ``cosine`` decay to 0.1 % of ``learning_rate`` at the last step (TRL's names)."""

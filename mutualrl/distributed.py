@@ -147,6 +147,15 @@ class RankGroup:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return [float(v) for v in t.tolist()]
 
+    def max(self, values: Sequence[float]) -> list[float]:
+        """``values`` maximised element-wise over the ranks (float64 on the wire)."""
+        if not self.active:
+            return [float(v) for v in values]
+        self.mark()
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [float(v) for v in t.tolist()]
+
     def any(self, flags: Sequence[bool]) -> list[bool]:
         """Element-wise OR of ``flags`` over the ranks."""
         return [v > 0 for v in self.sum([1.0 if f else 0.0 for f in flags])]

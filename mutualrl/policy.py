@@ -123,7 +123,16 @@ class Policy:
         step asks for (:meth:`add_optimizer`), each with its own state."""
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.logits_budget = LOGITS_BUDGET
+        self.micro_batch_tokens: int | None = None
+        """Forward tokens per micro-batch of an update (None: a phase in one forward); ``auto`` is
+        resolved here against the machine, and by the plan's memory share in a worker
+        (:meth:`fit_micro_batches`)."""
         self.generation = generation or GenerationConfig()
+        mbt = options.micro_batch_tokens
+        if isinstance(mbt, int):
+            self.micro_batch_tokens = mbt
+        elif mbt == "auto":
+            self.fit_micro_batches()
         self.engine: GenerationEngine = self._make_engine()
 
     def _make_engine(self) -> GenerationEngine:
@@ -157,6 +166,27 @@ class Policy:
             self.engine = self._make_engine()
         else:  # vLLM reads sampler_model at every sync (a second engine in one process may not fit)
             self.engine.sync_weights()
+
+    def fit_micro_batches(self, allowance: int | None = None, phases: int | None = None,
+                          act_bytes_per_token: float | None = None) -> int | None:
+        """Set ``micro_batch_tokens`` (when the options ask for ``auto``) to the largest budget whose
+        predicted peak (:mod:`mutualrl.allocation.memory`) fits ``allowance`` bytes (default: this
+        machine's RAM, or the device's memory, less headroom); returns the budget."""
+        if self.options.micro_batch_tokens != "auto":
+            return self.micro_batch_tokens
+        from mutualrl.allocation import memory
+
+        gpu = self.device.type == "cuda"
+        if allowance is None:
+            allowance = (int(torch.cuda.get_device_properties(self.device).total_memory * memory.GPU_HEADROOM)
+                         if gpu else int(memory.machine_bytes() * memory.CPU_HEADROOM))
+        price = memory.price(memory.ModelShape.of_model(self.model), phases=phases or len(self.optimizers),
+                             beta=self.options.beta, lora=self.lora, gpu=gpu,
+                             checkpointing=self.options.gradient_checkpointing,
+                             act_bytes_per_token=act_bytes_per_token, sampler=self.generation.engine,
+                             logits_budget=self.logits_budget)
+        self.micro_batch_tokens = price.largest_budget(allowance) or memory.MIN_AUTO_BUDGET
+        return self.micro_batch_tokens
 
     @property
     def full_weights(self) -> torch.nn.Module:

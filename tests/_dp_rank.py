@@ -6,7 +6,8 @@ ranks (FSDP2); ``DP_LORA=1`` trains a LoRA adapter, ``DP_CHECKPOINTING=1`` with 
 ``DP_BETA`` sets the KL weight, ``DP_IDLE_RANK1=1`` leaves rank 1's prompts without rows (it joins
 every phase, the KL reference included, with dummy rows); ``DP_RESUME=1`` saves the policy's state after the first update, loads
 it into a fresh policy and takes the second update there (a checkpoint must resume the optimizer).
-``DP_DEVICE=cuda`` puts rank r on ``cuda:r`` (the process group is then nccl: what
+``DP_MICRO=N`` gives the ranks (not the single-worker reference, which
+runs each phase in one forward) micro-batches of at most N forward tokens. ``DP_DEVICE=cuda`` puts rank r on ``cuda:r`` (the process group is then nccl: what
 ``benchmarks/gpu_check.py --ranks`` runs on a machine with two GPUs or more)."""
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def main() -> None:
     torch.manual_seed(0)
     opts = GRPOOptions(num_generations=G, max_completion_length=8, num_iterations=2, learning_rate=1e-3,
                        loss_type=os.environ.get("DP_LOSS", "dr_grpo"), beta=float(os.environ.get("DP_BETA", "0")),
-                       gradient_checkpointing=os.environ.get("DP_CHECKPOINTING") == "1", dtype="float32")
+                       gradient_checkpointing=os.environ.get("DP_CHECKPOINTING") == "1", dtype="float32",
+                       micro_batch_tokens=int(os.environ["DP_MICRO"]) if os.environ.get("DP_MICRO") and world > 1
+                       else None)
     peft = PeftConfig(r=4, target_modules=["c_attn"]) if os.environ.get("DP_LORA") == "1" else None
     settings = {"imitate": {"learning_rate": 3e-4, "weight": 1.0}} if strategy == "imitate" else {}
     device = f"cuda:{rank}" if os.environ.get("DP_DEVICE") == "cuda" else "cpu"

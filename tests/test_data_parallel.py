@@ -40,14 +40,18 @@ def _ranks(model: Path, strategy: str, out: Path, loss: str, fsdp: bool = False)
     return one, two
 
 
-@pytest.mark.parametrize(("strategy", "loss"), [("independent", "grpo"), ("independent", "dr_grpo"), ("imitate", "dapo")])
-def test_two_gloo_ranks_take_the_single_worker_update(tiny_models, tmp_path, strategy, loss):
+@pytest.mark.parametrize(("strategy", "loss", "micro"), [("independent", "grpo", ""), ("independent", "dr_grpo", ""),
+                                                    ("imitate", "dapo", ""), ("imitate", "grpo", "12")])
+def test_two_gloo_ranks_take_the_single_worker_update(tiny_models, tmp_path, monkeypatch, strategy, loss, micro):
     """Each rank trains on its share of the prompts (3 and 2: uneven, and imitate's rows all on rank 0,
     so rank 1 joins that phase with a zero gradient) with the counts summed and the gradients
     all-reduced. After two updates of two PPO iterations each (and imitate's own supervised phase):
     the ranks' losses add up to the single worker's (each is its rows' share: local denominators
     would break this), the gradient norm after the all-reduce is the single worker's (averaging
-    instead of summing would halve it), and both ranks hold the single worker's weights."""
+    instead of summing would halve it), and both ranks hold the single worker's weights. With
+    ``micro``, the ranks accumulate over micro-batches of at most 12 forward tokens (every group cut
+    into pieces, a different count on each rank) while the reference runs each phase at once."""
+    monkeypatch.setenv("DP_MICRO", micro)
     one, two = _ranks(tiny_models["tiny-gpt2"], strategy, tmp_path, loss)
     losses = [k for k in one["stats"] if k.endswith("loss")]
     assert ("imitate_loss" in losses) == (strategy == "imitate")
@@ -64,14 +68,17 @@ def test_two_gloo_ranks_take_the_single_worker_update(tiny_models, tmp_path, str
 @pytest.mark.parametrize(("strategy", "options"), [
     ("independent", {}),
     ("imitate", {"DP_LORA": "1", "DP_CHECKPOINTING": "1", "DP_BETA": "0.05", "DP_RESUME": "1"}),
-    ("imitate", {"DP_BETA": "0.05", "DP_IDLE_RANK1": "1"})])
+    ("imitate", {"DP_BETA": "0.05", "DP_IDLE_RANK1": "1"}),
+    ("imitate", {"DP_BETA": "0.05", "DP_MICRO": "12"})])
 def test_fsdp_ranks_take_the_single_worker_update(tiny_models, tmp_path, monkeypatch, strategy, options):
     """FSDP2 over 2 gloo ranks (weights, gradients and AdamW moments sharded; gradients reduce-scattered
     as a sum): the same update as one worker on the whole batch, rank 1 joining imitate's phase with a
     dummy row; with LoRA, gradient checkpointing and a KL term, and through a checkpoint written by the
     gathered state dicts and read back into fresh shards between the two updates; and in full
     fine-tuning with a sharded KL reference while rank 1 holds no row at all (dummy rows in every
-    phase and in the reference forward)."""
+    phase and in the reference forward); and with micro-batches of at most 12 forward tokens on the
+    ranks (rank 0 has more than rank 1, which runs dummy micro-batches to keep FSDP's collectives in
+    step) against the reference's one forward per phase."""
     for k, v in options.items():
         monkeypatch.setenv(k, v)
     one, two = _ranks(tiny_models["tiny-gpt2"], strategy, tmp_path, "grpo", fsdp=True)

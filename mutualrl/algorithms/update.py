@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from mutualrl.algorithms.losses import BatchCounts, TermInputs, reduce
+from mutualrl.algorithms.micro_batch import MicroBatch, StatMerger, split_micro_batches
 from mutualrl.algorithms.registry import OWN, POLICY_PHASE, BoundKind
 from mutualrl.algorithms.sharing import TrainBatch, TrainRow
 from mutualrl.distributed import RankGroup
@@ -114,79 +115,127 @@ def _idle_phase_steps(policy: Policy, phase: str, iterations: int, ranks: RankGr
     return stats
 
 
+class _Slot:
+    """One micro-batch of a phase as tensors, kept over the phase's iterations (its PPO and KL
+    references are taken once); ``None`` rows: a one-token dummy row with a zero loss (a rank of a
+    sharded policy with fewer micro-batches than another runs these, so every rank runs the same
+    forwards and backwards)."""
+
+    def __init__(self, micro: MicroBatch[BoundKind, TrainRow] | None, policy: Policy) -> None:
+        rows = [r for _, rs in micro.parts for r in rs] if micro is not None else []
+        self.prompts = [r.prompt_ids for r in rows] or [[policy.pad_id]]
+        self.completions = [r.completion_ids for r in rows] or [[policy.pad_id]]
+        self.width = max(max(len(c) for c in self.completions), 1)
+        self.parts: list[_Part] = []
+        start = 0
+        for kind, rs in micro.parts if micro is not None else ():
+            self.parts.append(_Part(kind, rs, start, self.width, policy.device))
+            start += len(rs)
+
+    def take_reference(self, policy: Policy, sharded_needs: bool) -> None:
+        """The frozen reference's log-probs of this micro-batch's KL rows (no gradient); under FSDP a
+        forward on every rank whenever some rank needs one."""
+        kl = [p for p in self.parts if p.kind.term.uses_kl] if policy.options.beta > 0 else []
+        if not kl and not (sharded_needs and policy.options.beta > 0):
+            return
+        kl_rows = [r for p in kl for r in p.rows]
+        ref = policy.logprobs([r.prompt_ids for r in kl_rows] or [[policy.pad_id]],
+                              [r.completion_ids for r in kl_rows] or [[policy.pad_id]], self.width, reference=True)
+        at = 0
+        for p in kl:
+            p.ref, at = ref[at:at + len(p.rows)], at + len(p.rows)
+
+
+def _slot_loss(policy: Policy, slot: _Slot, it: int, counts: BatchCounts, is_cap: float | None,
+               merged: StatMerger) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """One micro-batch's forward and its share of the phase's loss (each term reduced over the whole
+    batch's counts, so the shares sum to the one-batch loss): (loss, the log-probs, the policy-gradient
+    part of the loss). Its statistics go to ``merged``, weighted by its tokens."""
+    opts, dev = policy.options, policy.device
+    lp_all = policy.logprobs(slot.prompts, slot.completions, slot.width)
+    total = torch.zeros((), device=dev)
+    pg_total = 0.0
+    for p in slot.parts:
+        logp = lp_all[p.sl]
+        cur = logp.detach()
+        tokens = float(p.mask.sum())
+        if it == 0 and p.kind.term.needs_reference:  # before any step here: the trainer's own reference
+            p.old = cur
+            if p.behavior is not None:
+                merged.add(mismatch_stats(cur, p.behavior, p.mask), tokens)
+                if is_cap is not None:  # the sampler's weight against the trainer's reference
+                    p.correction = torch.where(p.mask, torch.exp(cur - p.behavior).clamp(max=is_cap),
+                                               torch.ones_like(cur))
+                    mean = float(p.correction[p.mask].mean()) if bool(p.mask.any()) else 1.0
+                    merged.add({"is_weight_mean": mean}, tokens)
+        weights, w_stats = p.kind.token_weights(p.rows, cur, slot.width)  # from this pass: the policy moved
+        if it == 0:
+            merged.add(w_stats, tokens)
+        term = p.kind.term
+        per_token, t_stats = term.fn(TermInputs(logp, p.mask, p.advantages, p.row_weight, opts, old_logp=p.old,
+                                                ref_logp=p.ref, token_weight=weights if weights is not None
+                                                else p.correction))
+        share = reduce(per_token, p.mask, term.reduction, counts, opts)
+        total = total + share
+        if term.reduction == "policy_gradient":
+            pg_total += float(share.detach())
+        merged.add({_stat_key(p.kind.name, k): v for k, v in t_stats.items()}, tokens)
+    return total, lp_all, pg_total
+
+
 def _phase_steps(policy: Policy, phase: str, parts_rows: Sequence[tuple[BoundKind, list[TrainRow]]],
                  counts: BatchCounts, iterations: int, is_cap: float | None,
                  ranks: RankGroup | None = None, needs_reference: bool = False) -> dict[str, float]:
-    """``iterations`` optimizer steps of ``phase`` on its rows (one forward pass per step for all).
+    """``iterations`` optimizer steps of ``phase`` on its rows, each accumulated over the phase's
+    micro-batches (:mod:`mutualrl.algorithms.micro_batch`, at most ``policy.micro_batch_tokens``
+    forward tokens each): a forward and a backward per micro-batch, then one optimizer step.
 
     ``needs_reference``: some kind of the phase, on some rank, takes the KL term. Under FSDP every rank
-    makes the same forwards and backwards: a rank without rows runs a one-token dummy row with a zero
-    loss, and the reference is one forward for the phase whenever it is needed anywhere."""
-    opts, dev = policy.options, policy.device
+    makes the same forwards and backwards: the ranks agree on the number of micro-batches, and a rank
+    with fewer runs one-token dummy rows with a zero loss (the reference forward too, whenever it is
+    needed anywhere). Replicated ranks sum their gradients once per optimizer step and need no such
+    agreement."""
     sharded = policy.fsdp is not None
     rows = [r for _, rs in parts_rows for r in rs]
     if not rows and not sharded:
         assert ranks is not None and ranks.active
         return _idle_phase_steps(policy, phase, iterations, ranks)
-    prompts = [r.prompt_ids for r in rows] or [[policy.pad_id]]
-    completions = [r.completion_ids for r in rows] or [[policy.pad_id]]
-    width = max(max(len(c) for c in completions), 1)
-    parts, start = [], 0
-    for kind, rs in parts_rows:
-        if rs:
-            parts.append(_Part(kind, rs, start, width, dev))
-            start += len(rs)
-    kl = [p for p in parts if p.kind.term.uses_kl] if opts.beta > 0 else []
-    if kl or (sharded and needs_reference and opts.beta > 0):
-        kl_rows = [r for p in kl for r in p.rows]
-        ref = policy.logprobs([r.prompt_ids for r in kl_rows] or [[policy.pad_id]],
-                              [r.completion_ids for r in kl_rows] or [[policy.pad_id]], width, reference=True)
-        at = 0
-        for p in kl:
-            p.ref, at = ref[at:at + len(p.rows)], at + len(p.rows)
+    micro: list[MicroBatch[BoundKind, TrainRow] | None] = list(split_micro_batches(
+        parts_rows, policy.micro_batch_tokens, policy.share_prompt_prefix))
+    n_micro = max(1, len(micro))
+    if sharded and ranks is not None and ranks.active:
+        n_micro = int(ranks.max([n_micro])[0])
+    micro += [None] * (n_micro - len(micro))
+    slots = [_Slot(mb, policy) for mb in micro]
     optimizer, prefix = _phase(policy, phase)
     stats: dict[str, float] = {}
     steps = 0
     for it in range(iterations):
         optimizer.zero_grad(set_to_none=True)
-        lp_all = policy.logprobs(prompts, completions, width)
-        total = torch.zeros((), device=dev)
-        pg_total = torch.zeros((), device=dev)
-        for p in parts:
-            logp = lp_all[p.sl]
-            cur = logp.detach()
-            if it == 0 and p.kind.term.needs_reference:  # before any step here: the trainer's own reference
-                p.old = cur
-                if p.behavior is not None:
-                    stats.update(mismatch_stats(cur, p.behavior, p.mask))
-                    if is_cap is not None:  # the sampler's weight against the trainer's reference
-                        p.correction = torch.where(p.mask, torch.exp(cur - p.behavior).clamp(max=is_cap),
-                                                   torch.ones_like(cur))
-                        stats["is_weight_mean"] = float(p.correction[p.mask].mean()) if bool(p.mask.any()) else 1.0
-            weights, w_stats = p.kind.token_weights(p.rows, cur, width)  # from this pass: the policy moved
+        merged = StatMerger()
+        loss, pg_loss, trainable = 0.0, 0.0, False
+        for slot in slots:
             if it == 0:
-                stats.update(w_stats)
-            term = p.kind.term
-            per_token, t_stats = term.fn(TermInputs(logp, p.mask, p.advantages, p.row_weight, opts, old_logp=p.old,
-                                                    ref_logp=p.ref, token_weight=weights if weights is not None
-                                                    else p.correction))
-            share = reduce(per_token, p.mask, term.reduction, counts, opts)
-            total = total + share
-            if term.reduction == "policy_gradient":
-                pg_total = pg_total + share.detach()
-            stats.update({_stat_key(p.kind.name, k): v for k, v in t_stats.items()})
-        if sharded:  # FSDP reduce-scatters in the backward: every rank runs it, with or without a loss
-            (total + lp_all.sum() * 0.0).backward()
-        if not _goes_on(ranks, total.requires_grad):
+                slot.take_reference(policy, sharded and needs_reference)
+            total, lp_all, pg = _slot_loss(policy, slot, it, counts, is_cap, merged)
+            if sharded:  # FSDP reduce-scatters in the backward: every rank runs it, with or without a loss
+                (total + lp_all.sum() * 0.0).backward()
+            elif total.requires_grad:
+                total.backward()
+            trainable = trainable or total.requires_grad
+            loss += float(total.detach())
+            pg_loss += pg
+            del total, lp_all
+        stats.update(merged.result())
+        if not _goes_on(ranks, trainable):
             break  # nothing to train here (on any rank)
-        if total.requires_grad and not sharded:
-            total.backward()
         stats[prefix + "grad_norm"] = _optimizer_step(policy, optimizer, ranks)
         steps += 1
-        stats[prefix + "loss"] = float(total.detach())
-        if any(p.kind.term.reduction == "policy_gradient" for p in parts):
-            stats[prefix + "pg_loss"] = float(pg_total)
+        stats[prefix + "loss"] = loss
+        if any(p.kind.term.reduction == "policy_gradient" for s in slots for p in s.parts):
+            stats[prefix + "pg_loss"] = pg_loss
     stats[prefix + "optimizer_steps"] = steps
+    stats[prefix + "micro_batches"] = len(slots)
     return stats
 
 
