@@ -193,11 +193,27 @@ def _generation_config(model: Any, tokenizer: Any) -> Any:
     return gen
 
 
+def _check_mergeable(model: Any) -> None:
+    """Refuse to merge an adapter on an output layer tied to the input embeddings: the merge adds it
+    into the one shared weight, changing the embeddings too (the merged model is not the trained one)."""
+    from mutualrl.modeling import lora_tied_head, tied_head_message
+
+    base = model.get_base_model()
+    for cfg in model.peft_config.values():
+        name = lora_tied_head(base, cfg.target_modules)
+        if name is not None:
+            raise ExportError(tied_head_message(name, cfg.target_modules, "", "merging the adapter into the shared "
+                                                "weight would change the input embeddings too, so the merged model "
+                                                "would not be the trained one")
+                              + ". Export the adapter instead (without --merge-lora)")
+
+
 def write_model(model: Any, tokenizer: Any, directory: Path, *, kind: str, dtype: str) -> None:
     """Write ``model`` (a trained policy's, from :func:`load_trained`) into ``directory`` as ``kind``."""
     import torch
 
     if kind == "merged":
+        _check_mergeable(model)
         model = model.merge_and_unload()
     model = model.to(getattr(torch, dtype))
     gen = _generation_config(model.get_base_model() if kind == "adapter" else model, tokenizer)

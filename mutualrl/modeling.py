@@ -5,6 +5,8 @@ dropout is off for RL. Used for the learner's own model and, by THL, for every p
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -77,3 +79,63 @@ def disable_dropout(model: torch.nn.Module) -> int:
                 n += v > 0
                 setattr(module, attr, 0.0)
     return n
+
+
+def _peft_targets(name: str, target_modules: Iterable[str] | str) -> bool:
+    """Whether peft's ``target_modules`` adapts the module called ``name``, as peft matches them: a
+    list by the module's name or a dotted suffix of it, a string as a regex over the whole name
+    (``all-linear`` adapts every linear layer except the output layer)."""
+    if isinstance(target_modules, str):
+        return target_modules != "all-linear" and re.fullmatch(target_modules, name) is not None
+    return any(name == t or name.endswith(f".{t}") for t in target_modules)
+
+
+def lora_tied_head(model: torch.nn.Module, target_modules: Iterable[str] | str) -> str | None:
+    """The name of ``model``'s output layer (``lm_head``) where ``target_modules`` adapts it while the
+    model ties it to its input embeddings (``tie_word_embeddings``, or one weight), else None.
+
+    Training is right there (the shared weight is frozen; the adapter acts on the head's output
+    only), but anything that merges the adapter into the weight changes the input embeddings too
+    (peft's ``merge_and_unload``: the merged model is not the trained one), and vLLM, which loads a
+    tied head from the embeddings, samples without the head's adapter."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if head is None or emb is None:
+        return None
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    weight = getattr(head, "weight", None)
+    shared = weight is not None and weight is getattr(emb, "weight", None)
+    tied = bool(getattr(text, "tie_word_embeddings", False)) or shared
+    if not tied:
+        return None
+    name = next((n for n, m in model.named_modules() if m is head), "lm_head")
+    return name if _peft_targets(name, target_modules) else None
+
+
+def tied_head_message(name: str, target_modules: Iterable[str] | str, policy: str, why: str) -> str:
+    """The start of a refusal of LoRA on a tied output layer ``name`` (see :func:`lora_tied_head`),
+    ending with ``why``; the caller adds the fix."""
+    targets = target_modules if isinstance(target_modules, str) else sorted(target_modules)
+    who = f" (policy {policy!r})" if policy else ""
+    return (f"policies[i].peft.target_modules{who} = {targets!r} adapts the output layer {name!r}, which "
+            f"this model ties to its input embeddings (tie_word_embeddings): {why}")
+
+
+def check_lora_head(model: torch.nn.Module, target_modules: Iterable[str] | str, policy: str = "", *,
+                    engine: str = "hf") -> None:
+    """Refuse LoRA on an output layer that ``model`` ties to its input embeddings where the policy
+    would not sample what it trains: with the vLLM engine (``engine``), whose tied head is the
+    plain embeddings, so the head's adapter is never applied. (The ``hf`` engine samples from the
+    trained module itself; merging such an adapter is refused by ``mutualrl export --merge-lora``.)
+
+    Raises:
+        ValueError: naming ``policies[i].peft.target_modules`` and the fix.
+    """
+    name = lora_tied_head(model, target_modules)
+    if name is not None and engine == "vllm":
+        raise ValueError(tied_head_message(name, target_modules, policy,
+                                           "generation.engine vllm loads a tied head from the embeddings, so it "
+                                           "would sample without the head's adapter")
+                         + f". Leave {name!r} out of target_modules (all-linear skips it; or name the attention "
+                           "and MLP projections), or use generation.engine hf")
