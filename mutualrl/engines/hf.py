@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -45,6 +46,38 @@ from mutualrl.engines.packed import (
     packed_linears,
     packing_available,
 )
+
+CHECK_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (5e-3, 5e-3),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+"""(rtol, atol) of the first-call checks by compute dtype. The fp32 pair is absolute; in half
+precision ``atol`` is relative to the largest reference logit (bf16 keeps 8 bits: logits near 20
+are 0.125 apart, and two correct orders of the same sums land an ulp or two apart)."""
+
+_warned: set[str] = set()
+
+
+def close_enough(mine: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether ``mine`` equals ``ref`` (logits) to the rounding of a forward computed in ``dtype``
+    (:data:`CHECK_TOLERANCES`; an unknown dtype gets the bf16 ones)."""
+    rtol, atol = CHECK_TOLERANCES.get(dtype, CHECK_TOLERANCES[torch.bfloat16])
+    if dtype != torch.float32:
+        atol *= max(1.0, float(ref.detach().abs().max()))
+    return bool(torch.allclose(mine.float(), ref.float(), rtol=rtol, atol=atol))
+
+
+def check_failed(name: str, mine: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """Warn (once per check and process) that the first-call check ``name`` found its fast path
+    differs from the model's own forward beyond ``dtype``'s tolerance, so it is off."""
+    if name in _warned:
+        return
+    _warned.add(name)
+    diff = float((mine.float() - ref.float()).abs().max())
+    warnings.warn(f"HFEngine: the {name} gave logits {diff:.3g} away from the model's own forward (beyond the "
+                  f"{str(dtype).removeprefix('torch.')} tolerance of the first-call check); sampling goes on "
+                  "without it (slower, same results)", RuntimeWarning, stacklevel=3)
 
 
 class HFEngine:
@@ -119,10 +152,29 @@ class HFEngine:
             trial = copy.deepcopy(past)
             trial.crop(-1)  # drop the position just added (a negative count: every transformers version)
             mine, _ = self._forward(ids, mask4, pos, trial, None)
-            self.mask_4d = bool(torch.allclose(mine, logits, rtol=1e-4, atol=1e-4))
         except (AttributeError, TypeError, RuntimeError, ValueError, IndexError):
-            pass
+            return logits, past
+        self.mask_4d = self._agrees("4D padding mask", mine, logits)
         return logits, past
+
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the forward computes in: the autocast dtype where :attr:`autocast` turns autocast
+        on for the model's device, else the model's parameters' dtype."""
+        dev = self.device.type
+        with self.autocast():
+            if torch.is_autocast_enabled(dev):
+                return torch.get_autocast_dtype(dev)
+        return next(self.model.parameters()).dtype
+
+    def _agrees(self, name: str, mine: torch.Tensor, ref: torch.Tensor) -> bool:
+        """The outcome of first-call check ``name``: ``mine`` (the fast path's logits) equal to
+        ``ref`` (the model's own) within the compute dtype's tolerance (:func:`close_enough`); a
+        failure is warned about once (:func:`check_failed`)."""
+        dtype = self.compute_dtype()
+        if close_enough(mine, ref, dtype):
+            return True
+        check_failed(name, mine, ref, dtype)
+        return False
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, past: Any,
                  buf: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
@@ -151,7 +203,7 @@ class HFEngine:
                     mine = self.model(**kw).logits[:, -1].float()
         except (TypeError, AttributeError, RuntimeError, NotImplementedError):
             return False
-        return bool(torch.allclose(mine, plain, rtol=1e-4, atol=1e-4))
+        return self._agrees("prepacked linear layers", mine, plain)
 
     def _softcap(self) -> float | None:
         return getattr(getattr(self.model, "config", None), "final_logit_softcapping", None)
@@ -169,7 +221,7 @@ class HFEngine:
             mine, _ = self._forward(ids, mask, pos, None, None)
         except (TypeError, AttributeError, RuntimeError):
             mine = None
-        self.blocked_head = mine is not None and torch.allclose(mine, logits, rtol=1e-4, atol=1e-4)
+        self.blocked_head = mine is not None and self._agrees("blocked LM head", mine, logits)
 
     @property
     def device(self) -> torch.device:
@@ -309,7 +361,7 @@ class HFEngine:
         cache advanced too) must give ``lean_logits`` to float rounding. Returns the static cache (or
         ``None`` where the model's forward goes on), the step's logits and the model's cache."""
         logits, past = self._forward(ids, mask, pos, past, None)
-        self.lean = bool(torch.allclose(lean_logits, logits, rtol=1e-4, atol=1e-4))
+        self.lean = self._agrees("lean decoding step", lean_logits, logits)
         if self.lean:
             return cache, lean_logits, None
         return None, logits, past
