@@ -202,9 +202,9 @@ def _check_mergeable(model: Any) -> None:
     for cfg in model.peft_config.values():
         name = lora_tied_head(base, cfg.target_modules)
         if name is not None:
-            raise ExportError(tied_head_message(name, cfg.target_modules, "", "merging the adapter into the shared "
-                                                "weight would change the input embeddings too, so the merged model "
-                                                "would not be the trained one")
+            why = ("merging the adapter into the shared weight would change the input embeddings too, so "
+                   "the merged model would not be the trained one")
+            raise ExportError(tied_head_message(name, cfg.target_modules, "", why)
                               + ". Export the adapter instead (without --merge-lora)")
 
 

@@ -134,8 +134,8 @@ def check_lora_head(model: torch.nn.Module, target_modules: Iterable[str] | str,
     """
     name = lora_tied_head(model, target_modules)
     if name is not None and engine == "vllm":
-        raise ValueError(tied_head_message(name, target_modules, policy,
-                                           "generation.engine vllm loads a tied head from the embeddings, so it "
-                                           "would sample without the head's adapter")
-                         + f". Leave {name!r} out of target_modules (all-linear skips it; or name the attention "
-                           "and MLP projections), or use generation.engine hf")
+        why = ("generation.engine vllm loads a tied head from the embeddings, so it would sample without "
+               "the head's adapter")
+        raise ValueError(tied_head_message(name, target_modules, policy, why)
+                         + f". Leave {name!r} out of target_modules (all-linear skips it; or name the "
+                           "attention and MLP projections), or use generation.engine hf")

@@ -107,7 +107,8 @@ class Policy:
 
             from mutualrl.modeling import check_lora_head
 
-            check_lora_head(model, peft.target_modules, name, engine=generation.engine if generation else "hf")
+            check_lora_head(model, peft.target_modules, name,
+                            engine=generation.engine if generation else "hf")
             model = get_peft_model(model, LoraConfig(r=peft.r, lora_alpha=peft.lora_alpha,
                                                      lora_dropout=peft.lora_dropout,
                                                      target_modules=peft.target_modules, task_type="CAUSAL_LM"))

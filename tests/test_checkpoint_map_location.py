@@ -31,7 +31,8 @@ def test_every_torch_load_in_the_package_maps_to_the_cpu():
             where = f"{path.relative_to(root.parent)}:{call.lineno}"
             assert "map_location" in kw, f"torch.load without map_location at {where}"
             value = kw["map_location"]
-            assert isinstance(value, ast.Constant) and value.value == "cpu", f"map_location is not 'cpu' at {where}"
+            is_cpu = isinstance(value, ast.Constant) and value.value == "cpu"
+            assert is_cpu, f"map_location is not 'cpu' at {where}"
     assert seen >= 4  # checkpoint.py's own: the check finds what it is meant to
 
 

@@ -57,7 +57,8 @@ def test_two_policies_on_plain_cuda_get_the_gpus_the_plan_gives_them(tiny_config
     assert [w.device for w in seq.workers] == ["cuda:0", "cuda:1"]
     pinned = resolve({**cfg, "policies": [{**p, "device": "cuda:1"} for p in tiny_config["policies"]]},
                      check_paths=False)
-    assert [w.device for w in place(pinned, alloc, "sequential", "memory://x").workers] == ["cuda:1", "cuda:1"]
+    pinned_devices = [w.device for w in place(pinned, alloc, "sequential", "memory://x").workers]
+    assert pinned_devices == ["cuda:1", "cuda:1"]
 
 
 # ----------------------------------------------------------------------------- CUDA_VISIBLE_DEVICES
@@ -104,8 +105,8 @@ class _FakePopen:
     ("4,6", None, "6", EXPANDABLE),
     ("GPU-aaaa,GPU-bbbb", "max_split_size_mb:128", "GPU-bbbb", "max_split_size_mb:128"),
 ])
-def test_a_local_worker_on_a_gpu_gets_the_mapped_gpu_and_expandable_segments(tmp_path, monkeypatch, parent,
-                                                                               user_conf, want_visible, want_conf):
+def test_a_local_worker_on_a_gpu_gets_the_mapped_gpu_and_expandable_segments(
+        tmp_path, monkeypatch, parent, user_conf, want_visible, want_conf):
     monkeypatch.setattr(local.subprocess, "Popen", _FakePopen)
     for key, value in (("CUDA_VISIBLE_DEVICES", parent), (ALLOC_CONF, user_conf)):
         if value is None:

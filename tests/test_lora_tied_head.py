@@ -22,7 +22,8 @@ def tied(tiny_models):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_models["tiny-llama"])
-    assert model.config.tie_word_embeddings and model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert model.config.tie_word_embeddings
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     return model
 
 
@@ -48,7 +49,8 @@ def test_an_untied_head_may_take_an_adapter(tiny_models):
 
 def test_a_vllm_policy_with_an_adapter_on_a_tied_head_is_refused_naming_the_field(tiny_models, tied):
     check_lora_head(tied, ["lm_head", "q_proj"], "p", engine="hf")  # the hf engine samples the trained module
-    with pytest.raises(ValueError, match=r"policies\[i\]\.peft\.target_modules \(policy 'v'\).*'lm_head'.*tie"):
+    field = r"policies\[i\]\.peft\.target_modules \(policy 'v'\)"
+    with pytest.raises(ValueError, match=field + r".*'lm_head'.*tie"):
         Policy("v", str(tiny_models["tiny-llama"]), GRPOOptions(), generation=GenerationConfig(engine="vllm"),
                peft=PeftConfig(r=2, lora_alpha=4, target_modules=["lm_head", "q_proj"]))
 

@@ -136,7 +136,7 @@ def test_workers_sharing_one_process_get_no_gpu_memory_share(tiny_config):
     alloc = Allocation(gpu, Resources(cpus=2), "gpu")
     seq = place(plan, alloc, "sequential", "memory://x")
     assert [(w.device, w.gpu_fraction) for w in seq.workers] == [("cuda:0", None), ("cuda:0", None)]
-    loc = place(plan, alloc, "local", "memory://x")  # 0.9 of the GPU between them (headroom for CUDA contexts)
+    loc = place(plan, alloc, "local", "memory://x")  # 0.9 of the GPU between them (headroom for contexts)
     assert [(w.visible_gpu, w.gpu_fraction) for w in loc.workers] == [(0, 0.63), (0, 0.27)]
 
 

@@ -84,7 +84,8 @@ def test_lora_sync_streams_every_module_holding_an_adapted_layer_whole(tiny_mode
     from mutualrl.engines.vllm import lora_sync_weights
 
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_models["tiny-llama"]),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                      task_type="CAUSAL_LM"))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -110,9 +111,9 @@ def test_a_lora_policy_samples_at_its_merged_weights_with_fused_projections(tiny
     k uninitialised: NaN log-probs)."""
     from mutualrl.config import PeftConfig
 
-    pol = Policy("l", str(tiny_models["tiny-llama-32"]), GRPOOptions(max_completion_length=6, temperature=0.8),
-                 generation=GenerationConfig(engine="vllm"), seed=3,
-                 peft=PeftConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    opts = GRPOOptions(max_completion_length=6, temperature=0.8)
+    pol = Policy("l", str(tiny_models["tiny-llama-32"]), opts, generation=GenerationConfig(engine="vllm"),
+                 seed=3, peft=PeftConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     try:
         with torch.no_grad():
             for name, p in pol.model.named_parameters():
@@ -164,9 +165,10 @@ class _FakeLLM:
 def _fake_policy(device: str):
     model = torch.nn.Linear(2, 2)
     model.config = types.SimpleNamespace(max_position_embeddings=64)
-    return types.SimpleNamespace(name="p", model_path="/nonexistent/model", generation=GenerationConfig(engine="vllm"),
-                                 eos_ids={0}, model=model, sampler_model=model, device=torch.device(device),
-                                 compute_dtype="float32", lora=False)
+    return types.SimpleNamespace(name="p", model_path="/nonexistent/model",
+                                 generation=GenerationConfig(engine="vllm"), eos_ids={0}, model=model,
+                                 sampler_model=model, device=torch.device(device), compute_dtype="float32",
+                                 lora=False)
 
 
 @pytest.fixture()
@@ -214,7 +216,8 @@ def test_the_start_lock_serialises_processes(tmp_path):
             "with engine_start_lock('gpu-x', sys.argv[1]): print(time.time(), flush=True)")
     with engine_start_lock("gpu-x", tmp_path):
         held = time.time()
-        child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                                 text=True)
         time.sleep(1.5)
         released = time.time()
     out, _ = child.communicate(timeout=60)
@@ -236,7 +239,8 @@ def test_sleep_and_wake_are_no_ops_without_sleep_mode_and_wrap_the_update_with_i
     gpu.sleep()  # once
     assert gpu.asleep and gpu.llm.calls == ["sleep(1)"]
     gpu.sync_weights()  # the sync after the update wakes it, then pushes and resets the prefix cache
-    assert not gpu.asleep and gpu.llm.calls == ["sleep(1)", "wake_up", "reset_prefix_cache", "reset_prefix_cache"]
+    assert not gpu.asleep
+    assert gpu.llm.calls == ["sleep(1)", "wake_up", "reset_prefix_cache", "reset_prefix_cache"]
     assert gpu.llm.loaded[-2:] == ["weight", "bias"]
 
 

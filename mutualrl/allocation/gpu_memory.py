@@ -19,7 +19,8 @@ GPU_MEMORY_HEADROOM = 0.9
 """The most the memory shares of the worker processes on one GPU may sum to."""
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
-"""The caching allocator's settings (every torch version reads it; torch >= 2.9 also ``PYTORCH_ALLOC_CONF``)."""
+"""The caching allocator's settings (every torch version reads it; torch >= 2.9 also
+``PYTORCH_ALLOC_CONF``)."""
 EXPANDABLE = "expandable_segments:True"
 
 

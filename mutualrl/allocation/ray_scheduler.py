@@ -100,9 +100,9 @@ def bundle_for(spec: WorkerSpec) -> dict[str, float]:
 def actor_env(spec: WorkerSpec, environ: dict[str, str] | None = None,
               job_env: dict[str, str] | None = None) -> dict[str, str]:
     """Environment variables a placed worker's actor is started with (its ``runtime_env``): on a
-    GPU, the caching allocator's ``expandable_segments`` (:func:`~mutualrl.allocation.gpu_memory.allocator_env`)
-    unless the user set the allocator's variable, in the driver's environment (``environ``) or the
-    job's runtime environment (``job_env``)."""
+    GPU, the caching allocator's ``expandable_segments``
+    (:func:`~mutualrl.allocation.gpu_memory.allocator_env`) unless the user set the allocator's
+    variable, in the driver's environment (``environ``) or the job's runtime environment (``job_env``)."""
     if spec.device is None or not spec.device.startswith("cuda"):
         return {}
     return allocator_env({**(job_env or {}), **(os.environ if environ is None else environ)})

@@ -75,9 +75,9 @@ def check_failed(name: str, mine: torch.Tensor, ref: torch.Tensor, dtype: torch.
         return
     _warned.add(name)
     diff = float((mine.float() - ref.float()).abs().max())
-    warnings.warn(f"HFEngine: the {name} gave logits {diff:.3g} away from the model's own forward (beyond the "
-                  f"{str(dtype).removeprefix('torch.')} tolerance of the first-call check); sampling goes on "
-                  "without it (slower, same results)", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"HFEngine: the {name} gave logits {diff:.3g} away from the model's own forward "
+                  f"(beyond the {str(dtype).removeprefix('torch.')} tolerance of the first-call check); "
+                  "sampling goes on without it (slower, same results)", RuntimeWarning, stacklevel=3)
 
 
 class HFEngine:

