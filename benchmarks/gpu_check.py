@@ -1,6 +1,7 @@
 """GPU check: two policies of real shapes train together on the devices the MWRA plan assigns.
 
-    python benchmarks/gpu_check.py               # on a machine with a CUDA GPU (about 6-8 minutes)
+    python benchmarks/gpu_check.py               # on a machine with a CUDA GPU (under 8 minutes)
+    python benchmarks/gpu_check.py --trl         # and mutualrl against TRL's GRPOTrainer (minutes more)
     python benchmarks/gpu_check.py --dry-run     # the same plumbing on the CPU with tiny shapes (seconds)
 
 Two randomly initialised causal LMs built from configs (no download): a Qwen2.5-0.5B-shaped and a
@@ -9,8 +10,14 @@ word-level tokenizer of the same vocabulary size, so generation and the LM head 
 cost), bf16 (``dtype: auto``), through the local scheduler (one process per policy, each given its
 GPU with ``CUDA_VISIBLE_DEVICES`` and its planned share of the memory), ``--steps`` GRPO steps with
 a dense reward. Per policy: sampled and trained tokens/s, peak CUDA memory, the sampler/trainer
-log-prob mismatch. Then mutualrl against TRL's GRPOTrainer on the smaller model with the same
+log-prob mismatch. With ``--trl``, mutualrl against TRL's GRPOTrainer on each model with the same
 settings (``benchmarks/vs_trl.py``'s two children, alternated), as a tokens/s ratio.
+
+First, the real-size smoke (:mod:`_real_size_smoke`): on the Qwen2.5-0.5B shape, update variants
+(base at 256 rows; gradient checkpointing, LoRA, LoRA with checkpointing, ``beta > 0`` and two PPO
+iterations with ``imitate``'s own phase at 64 rows) of 128 + 512 tokens, each in its own process
+under a time limit: finite loss, peak memory beside the plan's prediction, the sampler/trainer
+mismatch, micro-batches; then a checkpoint written on the GPU is loaded where no GPU is visible.
 
 With two GPUs or more it also checks a policy on 2 data-parallel ranks over nccl (``--ranks``, on by
 default where it can run): the rank script of ``tests/test_data_parallel.py`` on ``cuda:0`` and
@@ -19,7 +26,7 @@ default where it can run): the rank script of ``tests/test_data_parallel.py`` on
 refuses two ranks on one device.
 
 Writes ``benchmarks/results/gpu_check.json`` (``gpu_check_dry_run.json`` with ``--dry-run``).
-Target: ratio >= 1.0 for each policy. This file is produced only by a run on a GPU.
+Target: ratio >= 1.0 for each policy (``--trl``). This file is produced only by a run on a GPU.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import _real_size_smoke
 from _common import git_rev, machine, write_result
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -158,6 +166,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="TRL/mutualrl alternations")
     ap.add_argument("--no-ranks", dest="ranks", action="store_false",
                     help="skip the 2-rank (nccl) update check")
+    ap.add_argument("--no-real-size", dest="real_size", action="store_false",
+                    help="skip the real-size smoke (update variants at 64-256 rows of 128 + 512 tokens)")
+    ap.add_argument("--trl", action="store_true", help="also compare with TRL's GRPOTrainer (off: minutes more)")
     args = ap.parse_args()
 
     import torch
@@ -173,12 +184,13 @@ def main() -> None:
     t0 = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     dirs = {n: synthetic_model(n, root, dry) for n in SHAPES}
+    real_size = _real_size_smoke.run(dirs["qwen2_5-0_5b"], root / "real_size", dry) if args.real_size else None
     cfg = load_config(run_config(dirs, task_file(root), steps, dry))
     trainer = MutualTrainer(cfg, root / "run", progress=False)
     trainer.train()
     infos = json.loads((root / "run" / "policies.json").read_text())
     plan = json.loads((root / "run" / "allocation.json").read_text())
-    out: dict[str, Any] = {"policies": {}}
+    out: dict[str, Any] = {"policies": {}, "real_size": real_size}
     for info in infos:
         rows = [r for r in trainer.history if r.get("policy") == info["name"] and r.get("event") is None][1:] or \
             [r for r in trainer.history if r.get("policy") == info["name"] and r.get("event") is None]
@@ -194,7 +206,7 @@ def main() -> None:
     out["plan"] = plan["plans"][-1] if plan.get("plans") else plan
     if args.ranks:
         out["ranks"] = ranks_check(root, dry)
-    if not dry:
+    if not dry and args.trl:
         import vs_trl
 
         for name, d in dirs.items():

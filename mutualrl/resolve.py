@@ -85,9 +85,19 @@ class WorkerSpec:
     """The policy's number of ranks."""
     rendezvous: str | None = None
     """Where the policy's ranks meet (``tcp://HOST:PORT/PREFIX``, the scheduler's store; ``world`` > 1)."""
+    memory_bytes: int | None = None
+    """The memory the plan gives the worker (:mod:`mutualrl.allocation.memory`)."""
+    micro_batch_tokens: int | None = None
+    """The update's micro-batch budget the plan resolved (``grpo.micro_batch_tokens: auto``, or the
+    number asked for, checked to fit); None: the policy's own setting."""
+    predicted_peak_bytes: int | None = None
+    """The worker's predicted peak memory (logged beside the measured one)."""
+    vllm_memory_fraction: float | None = None
+    """A vLLM engine's share of its GPU (``gpu_memory_utilization``), derived by the plan."""
 
     PLACEMENT: ClassVar[tuple[str, ...]] = ("device", "visible_gpu", "gpu_fraction", "threads", "nice", "node",
-                                            "cpu_share", "exchange", "rendezvous")
+                                            "cpu_share", "exchange", "rendezvous", "memory_bytes",
+                                            "micro_batch_tokens", "predicted_peak_bytes", "vllm_memory_fraction")
 
     @property
     def label(self) -> str:

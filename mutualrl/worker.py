@@ -17,6 +17,7 @@ import functools
 import os
 import resource
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,7 +116,8 @@ class PolicyWorker(WorkerAPI):
                                timeout_s=cfg.step_timeout_s)
         self.policy = Policy(self.name, resolve_model_path(self.pcfg.model), self.options,
                              prompt_template=self.pcfg.prompt_template, system_prompt=self.pcfg.system_prompt,
-                             seed=seed, device=self.device, peft=self.pcfg.peft, generation=self.pcfg.generation)
+                             seed=seed, device=self.device, peft=self.pcfg.peft, generation=self.pcfg.generation,
+                             vllm_memory_fraction=spec.vllm_memory_fraction)
         self.ranks.broadcast_parameters(self.policy.model)  # a random adapter starts alike on every rank
         if self.pcfg.fsdp and self.ranks.active:  # before a sharing step adds its optimizers
             self.policy.shard()
@@ -125,6 +127,9 @@ class PolicyWorker(WorkerAPI):
         """Every step's settings (its ``sharing.<step>`` block, with this policy's overrides), by step name."""
         for phase, lr in self.strategy.optimizer_phases(self.settings).items():
             self.policy.add_optimizer(phase, lr)
+        if spec.micro_batch_tokens is not None:  # the plan's budget: auto resolved against the worker's memory
+            self.policy.micro_batch_tokens = spec.micro_batch_tokens
+        self.predicted_peak_bytes = spec.predicted_peak_bytes
         self.peers = self._load_peers()
         vocab = {self.policy.tokenizer_id: len(self.policy.tokenizer)}
         vocab.update({p.tokenizer_id: len(p.tokenizer) for p in self.peers.values()})
@@ -326,6 +331,7 @@ class PolicyWorker(WorkerAPI):
         fault_point("update")
         gen = self.pcfg.generation
         sync0 = self.ranks.gradient_sync_s
+        getattr(self.policy.engine, "sleep", lambda: None)()  # vLLM on a GPU frees its KV cache (sync wakes it)
         stats = train_on_batch(self.policy, batch, ranks=self.ranks,
                                is_cap=gen.importance_sampling_cap if gen.importance_sampling_correction else None)
         t_sync = self.policy.sync_engine()
@@ -335,6 +341,9 @@ class PolicyWorker(WorkerAPI):
         if self.ranks.active:  # merged: the largest (the rank that waited longest) and the smallest
             m["allreduce_s"] = m["allreduce_s_min"] = self.ranks.gradient_sync_s - sync0  # (~ the transfer)
         m["rss_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        m["micro_batch_tokens"] = self.policy.micro_batch_tokens or 0
+        if self.predicted_peak_bytes:
+            m["mem_predicted_peak_mb"] = self.predicted_peak_bytes / 2**20
         if self.policy.device.type == "cuda":
             m["cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.policy.device) / 2**20
         m.update({"update_s": time.perf_counter() - t0, "train_s": time.perf_counter() - t2,
@@ -367,7 +376,8 @@ class PolicyWorker(WorkerAPI):
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: str | Path) -> None:  # type: ignore[override]
         """Write this policy's weights, optimizer and RNG states into ``directory``."""
-        save_policy_state(directory, self.policy, {"reward_stats": dataclasses.asdict(self.task.reward_stats)},
+        save_policy_state(directory, self.policy, {"reward_stats": dataclasses.asdict(self.task.reward_stats),
+                                                   "micro_batch_tokens": self.policy.micro_batch_tokens},
                           rank=self.ranks.rank, world=self.ranks.world)
 
     def load(self, directory: str | Path) -> None:  # type: ignore[override]
@@ -376,6 +386,21 @@ class PolicyWorker(WorkerAPI):
         self.policy.sync_engine()  # a separate sampler (vLLM) samples from the restored weights
         for k, v in st.get("reward_stats", {}).items():  # cumulative counters continue where they were
             setattr(self.task.reward_stats, k, int(v))
+        self._resume_micro_batches(st.get("micro_batch_tokens"))
+
+    def _resume_micro_batches(self, saved: int | None) -> None:
+        """An ``auto`` budget continues as the interrupted run had it (the same micro-batches, so the
+        same float rounding: an exact resume), unless this placement gives the worker less memory
+        than that budget needs; then the plan's, and a warning."""
+        if self.options.micro_batch_tokens != "auto" or not isinstance(saved, int):
+            return
+        now = self.policy.micro_batch_tokens
+        if now is None or saved <= now:
+            self.policy.micro_batch_tokens = saved
+        elif saved != now:
+            warnings.warn(f"policy {self.name!r}: resumed with micro_batch_tokens {now} (the plan's for this "
+                          f"machine) instead of the run's {saved}, which no longer fits; the update's float "
+                          "rounding differs from the uninterrupted run's", RuntimeWarning, stacklevel=2)
 
     def exchange_position(self) -> int:
         """The exchange's current position (recorded in checkpoints)."""

@@ -97,7 +97,7 @@ def main() -> None:
     sampler = torch.cat([p.detach().reshape(-1).cpu() for n, p in pol.sampler_model.named_parameters()
                          if dict(pol.model.named_parameters())[n].requires_grad])
     assert torch.equal(flat, sampler), "the sampler's copy lags the trained weights"
-    keep = {k: v for k, v in stats.items() if k.endswith(("loss", "grad_norm", "optimizer_steps"))}
+    keep = {k: v for k, v in stats.items() if k.endswith(("loss", "grad_norm", "optimizer_steps", "micro_batches"))}
     torch.save({"params": flat, "stats": keep}, out)
     ranks.close()
 

@@ -53,6 +53,10 @@ def test_two_gloo_ranks_take_the_single_worker_update(tiny_models, tmp_path, mon
     into pieces, a different count on each rank) while the reference runs each phase at once."""
     monkeypatch.setenv("DP_MICRO", micro)
     one, two = _ranks(tiny_models["tiny-gpt2"], strategy, tmp_path, loss)
+    if micro:  # the ranks really cut their rows, each its own number of pieces; the reference did not
+        assert one["stats"]["micro_batches"] == 1
+        assert all(r["stats"]["micro_batches"] > 1 for r in two)
+        assert two[0]["stats"]["micro_batches"] != two[1]["stats"]["micro_batches"]
     losses = [k for k in one["stats"] if k.endswith("loss")]
     assert ("imitate_loss" in losses) == (strategy == "imitate")
     for k in losses:
@@ -82,6 +86,9 @@ def test_fsdp_ranks_take_the_single_worker_update(tiny_models, tmp_path, monkeyp
     for k, v in options.items():
         monkeypatch.setenv(k, v)
     one, two = _ranks(tiny_models["tiny-gpt2"], strategy, tmp_path, "grpo", fsdp=True)
+    if options.get("DP_MICRO"):  # several micro-batches, as many on each rank (the lighter one runs dummies)
+        assert one["stats"]["micro_batches"] == 1
+        assert two[0]["stats"]["micro_batches"] == two[1]["stats"]["micro_batches"] > 1
     for k in (k for k in one["stats"] if k.endswith("loss")):
         assert sum(r["stats"].get(k, 0.0) for r in two) == pytest.approx(one["stats"][k], rel=1e-5, abs=1e-7), k
     for k in (k for k in one["stats"] if k.endswith(("grad_norm", "optimizer_steps"))):

@@ -134,6 +134,7 @@ def test_a_ray_actor_on_a_gpu_gets_expandable_segments_unless_the_user_set_the_a
     cpu = WorkerSpec(index=1, name="b", options=GRPOOptions(), device="cpu")
     assert actor_env(gpu, {}) == {ALLOC_CONF: EXPANDABLE}
     assert actor_env(cpu, {}) == {}
+    assert actor_env(gpu, {}, engine="vllm") == {}  # vLLM's sleep-mode pool refuses expandable segments
     assert actor_env(gpu, {ALLOC_CONF: "backend:cudaMallocAsync"}) == {}
     assert actor_env(gpu, {"PYTORCH_ALLOC_CONF": "expandable_segments:False"}) == {}
     assert actor_env(gpu, {}, job_env={ALLOC_CONF: "max_split_size_mb:64"}) == {}

@@ -3,9 +3,10 @@
 An update's activations grow with the tokens that run through the model at once, so every forward
 and backward of an update (each optimizer phase, the KL reference, the PPO reference when
 ``num_iterations > 1``) runs over micro-batches of at most ``micro_batch_tokens`` *forward tokens*,
-with the gradients accumulated. A forward token is what the decoder actually processes: each
-distinct prompt once (rows that share a prompt, a GRPO group, run it through the model once and
-reuse its KV cache) plus every row's completion. This is verl's ``ppo_max_token_len_per_gpu``
+with the gradients accumulated. A forward token is what the decoder actually processes, padding
+included: each distinct prompt once (rows that share a prompt, a GRPO group, run it through the
+model once and reuse its KV cache) plus every row's completion padded to the longest; without the
+shared-prompt forward (gradient checkpointing, FSDP) every row's prompt and completion. This is verl's ``ppo_max_token_len_per_gpu``
 (a budget in tokens, not TRL's ``per_device_train_batch_size`` in rows: rows of 30 and of 1,000
 tokens differ 30x in memory, and a token budget holds the peak whatever the lengths).
 
@@ -41,29 +42,60 @@ class MicroBatch(Generic[K, R]):
 
     parts: list[tuple[K, list[R]]]
     forward_tokens: int
-    """Distinct prompts' tokens plus every completion's: what the decoder runs over."""
+    """What the decoder runs over, padding included (:func:`forward_tokens`)."""
 
     @property
     def rows(self) -> int:
         return sum(len(rs) for _, rs in self.parts)
 
 
+class _Extent:
+    """The padded size of a growing set of rows, as the forward lays them out: with shared prompts,
+    the distinct prompts left-padded to the longest and the completions padded to the longest;
+    without, every row's prompt and completion padded to the longest of them."""
+
+    def __init__(self, share_prompts: bool) -> None:
+        self.share = share_prompts
+        self.prompts: set[tuple[int, ...]] = set()
+        self.rows = self.max_prompt = self.max_completion = self.max_total = 0
+
+    def tokens_with(self, rows: Sequence[RowLike]) -> int:
+        """The forward tokens once ``rows`` join (nothing is added)."""
+        prompts = self.prompts | {tuple(r.prompt_ids) for r in rows}
+        n = self.rows + len(rows)
+        mp = max([self.max_prompt, *(len(r.prompt_ids) for r in rows)])
+        mc = max([self.max_completion, *(max(1, len(r.completion_ids)) for r in rows)])
+        mt = max([self.max_total, *(len(r.prompt_ids) + max(1, len(r.completion_ids)) for r in rows)])
+        return len(prompts) * mp + n * mc if self.share else n * mt
+
+    def add(self, rows: Sequence[RowLike]) -> None:
+        self.prompts |= {tuple(r.prompt_ids) for r in rows}
+        self.rows += len(rows)
+        self.max_prompt = max([self.max_prompt, *(len(r.prompt_ids) for r in rows)])
+        self.max_completion = max([self.max_completion, *(max(1, len(r.completion_ids)) for r in rows)])
+        self.max_total = max([self.max_total, *(len(r.prompt_ids) + max(1, len(r.completion_ids)) for r in rows)])
+
+    @property
+    def tokens(self) -> int:
+        return self.tokens_with(())
+
+
 def forward_tokens(rows: Sequence[RowLike], share_prompts: bool = True) -> int:
-    """The tokens a forward over ``rows`` runs: every completion, and each distinct prompt once
-    (``share_prompts``) or once per row."""
-    comp = sum(max(1, len(r.completion_ids)) for r in rows)
-    if share_prompts:
-        return comp + sum(len(p) for p in {tuple(r.prompt_ids) for r in rows})
-    return comp + sum(len(r.prompt_ids) for r in rows)
+    """The tokens a forward over ``rows`` runs, padding included: the distinct prompts (each once,
+    padded to the longest) and every completion padded to the longest (``share_prompts``), or every
+    row's prompt and completion padded to the longest pair."""
+    e = _Extent(share_prompts)
+    e.add(rows)
+    return e.tokens
 
 
 def split_micro_batches(parts: Sequence[tuple[K, Sequence[R]]], budget: int | None,
                         share_prompts: bool = True) -> list[MicroBatch[K, R]]:
     """``parts`` (the phase's rows, kind by kind) cut into micro-batches of at most ``budget``
-    forward tokens (``None``: one micro-batch). Rows are grouped by prompt across kinds, groups kept
-    whole and in first-seen order; a group over the budget is cut into pieces of consecutive rows,
-    and a single row over it is a micro-batch of its own. No micro-batch is empty, and every row is
-    in exactly one."""
+    forward tokens, padding included (:func:`forward_tokens`; ``None``: one micro-batch). Rows are
+    grouped by prompt across kinds, groups kept whole and in first-seen order; a group over the
+    budget is cut into pieces of consecutive rows, and a single row over it is a micro-batch of its
+    own. No micro-batch is empty, and every row is in exactly one."""
     kinds = [k for k, _ in parts]
     groups: dict[tuple[int, ...], list[tuple[int, R]]] = {}
     for ki, (_, rows) in enumerate(parts):
@@ -73,34 +105,30 @@ def split_micro_batches(parts: Sequence[tuple[K, Sequence[R]]], budget: int | No
         pieces = [[e for g in groups.values() for e in g]] if groups else []
     else:
         pieces = []
-        for prompt, members in groups.items():
+        for members in groups.values():
             cur: list[tuple[int, R]] = []
+            ext = _Extent(share_prompts)
             for e in members:
-                cost = _cost(len(prompt), [*cur, e], share_prompts)
-                if cur and cost > budget:
+                if cur and ext.tokens_with([e[1]]) > budget:
                     pieces.append(cur)
-                    cur = []
+                    cur, ext = [], _Extent(share_prompts)
                 cur.append(e)
+                ext.add([e[1]])
             if cur:
                 pieces.append(cur)
     out: list[MicroBatch[K, R]] = []
     acc: list[tuple[int, R]] = []
-    acc_tokens = 0
+    ext = _Extent(share_prompts)
     for piece in pieces:
-        t = forward_tokens([r for _, r in piece], share_prompts)
-        if acc and budget is not None and acc_tokens + t > budget:
-            out.append(_micro(kinds, acc, acc_tokens))
-            acc, acc_tokens = [], 0
+        rows = [r for _, r in piece]
+        if acc and budget is not None and ext.tokens_with(rows) > budget:
+            out.append(_micro(kinds, acc, ext.tokens))
+            acc, ext = [], _Extent(share_prompts)
         acc.extend(piece)
-        acc_tokens += t
+        ext.add(rows)
     if acc:
-        out.append(_micro(kinds, acc, acc_tokens))
+        out.append(_micro(kinds, acc, ext.tokens))
     return out
-
-
-def _cost(prompt_len: int, members: Sequence[tuple[int, RowLike]], share_prompts: bool) -> int:
-    comp = sum(max(1, len(r.completion_ids)) for _, r in members)
-    return comp + (prompt_len if share_prompts else prompt_len * len(members))
 
 
 def _micro(kinds: list[K], entries: list[tuple[int, R]], tokens: int) -> MicroBatch[K, R]:

@@ -32,6 +32,7 @@ from mutualrl.algorithms.losses import BatchCounts, TermInputs, reduce
 from mutualrl.algorithms.micro_batch import MicroBatch, StatMerger, split_micro_batches
 from mutualrl.algorithms.registry import OWN, POLICY_PHASE, BoundKind
 from mutualrl.algorithms.sharing import TrainBatch, TrainRow
+from mutualrl.allocation.memory import SavedBytes
 from mutualrl.distributed import RankGroup
 from mutualrl.fsdp import full_value
 from mutualrl.policy import Policy
@@ -126,6 +127,7 @@ class _Slot:
         self.prompts = [r.prompt_ids for r in rows] or [[policy.pad_id]]
         self.completions = [r.completion_ids for r in rows] or [[policy.pad_id]]
         self.width = max(max(len(c) for c in self.completions), 1)
+        self.forward_tokens = micro.forward_tokens if micro is not None else 0
         self.parts: list[_Part] = []
         start = 0
         for kind, rs in micro.parts if micro is not None else ():
@@ -201,7 +203,7 @@ def _phase_steps(policy: Policy, phase: str, parts_rows: Sequence[tuple[BoundKin
         assert ranks is not None and ranks.active
         return _idle_phase_steps(policy, phase, iterations, ranks)
     micro: list[MicroBatch[BoundKind, TrainRow] | None] = list(split_micro_batches(
-        parts_rows, policy.micro_batch_tokens, policy.share_prompt_prefix))
+        parts_rows, policy.micro_batch_tokens, policy.trains_on_shared_prompts))
     n_micro = max(1, len(micro))
     if sharded and ranks is not None and ranks.active:
         n_micro = int(ranks.max([n_micro])[0])
@@ -214,10 +216,17 @@ def _phase_steps(policy: Policy, phase: str, parts_rows: Sequence[tuple[BoundKin
         optimizer.zero_grad(set_to_none=True)
         merged = StatMerger()
         loss, pg_loss, trainable = 0.0, 0.0, False
-        for slot in slots:
+        for j, slot in enumerate(slots):
             if it == 0:
                 slot.take_reference(policy, sharded and needs_reference)
-            total, lp_all, pg = _slot_loss(policy, slot, it, counts, is_cap, merged)
+            # what a token's forward keeps (not under FSDP: its sharded parameters have no plain storage,
+            # and the gathered full weights would count as activations)
+            if it == 0 and j == 0 and phase == POLICY_PHASE and slot.forward_tokens and not sharded:
+                with SavedBytes(policy.model) as saved:
+                    total, lp_all, pg = _slot_loss(policy, slot, it, counts, is_cap, merged)
+                stats["act_bytes_per_token"] = saved.total / slot.forward_tokens
+            else:
+                total, lp_all, pg = _slot_loss(policy, slot, it, counts, is_cap, merged)
             if sharded:  # FSDP reduce-scatters in the backward: every rank runs it, with or without a loss
                 (total + lp_all.sum() * 0.0).backward()
             elif total.requires_grad:

@@ -13,7 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``plan`` subcommand."""
     p = sub.add_parser("plan", help="print the MWRA resource plan of a config (no training)",
                        description="Predict each policy's per-step cost from parameters x tokens and print how "
-                       "the workers would share this machine (or the given resources, or a Ray cluster).")
+                       "the workers would share this machine (or the given resources, or a Ray cluster), and each "
+                       "worker's predicted peak memory with the micro-batch budget that fits it. A plan that "
+                       "cannot fit in memory exits 2, naming the policy, the bytes and the levers.")
     p.add_argument("config", help="YAML run config")
     p.add_argument("--resources", help="plan for these instead of this machine: cpus=N[,gpus=NxGiB]")
     p.add_argument("--ray", action="store_true", help="plan for the Ray cluster (RAY_ADDRESS or a local one)")
@@ -31,10 +33,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan; exit code 2 for bad input."""
     from mutualrl.allocation.cost import CostModel, estimate_parameters
+    from mutualrl.allocation.memory import describe_memory
+    from mutualrl.allocation.placement import memory_entries, place
     from mutualrl.allocation.planner import Resources, plan
     from mutualrl.resolve import resolve
 
-    cfg = resolve(args.config, check_paths=False).config
+    run_plan = resolve(args.config, check_paths=False)
+    cfg = run_plan.config
     started = False
     if args.ray:
         from mutualrl.allocation.ray_scheduler import connect_ray
@@ -68,10 +73,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 calibrate_in_workers(cfg, costs, alloc, steps=args.calibrate, say=say)
             if not resources.gpus:
                 alloc = plan(cfg, resources, costs)
+        # every worker's bytes (a plan that cannot fit is refused here: exit 2, naming the policy)
+        backend = "ray" if args.ray else cfg.scheduler
+        placed = place(run_plan, alloc, backend, "memory://plan", rendezvous="tcp://127.0.0.1:1")
+        mem = memory_entries(placed, alloc, backend)
         if args.json:
-            print(json.dumps({"plan": alloc.to_dict(), "costs": costs.to_dict()}, indent=1))
+            print(json.dumps({"plan": alloc.to_dict(), "costs": costs.to_dict(),
+                              "memory": [e.to_dict() for e in mem]}, indent=1))
         else:
             print(alloc.describe())
+            print(describe_memory(mem))
             unknown = [p.name for p, n in zip(cfg.policies, costs.params, strict=True) if not n]
             if unknown:
                 print(f"note: parameter count unknown offline for {', '.join(unknown)}; assumed the mean")

@@ -111,6 +111,8 @@ class CostModel:
     _kappa: list[_Ema] = field(default_factory=list)
     _comm: list[_Ema] = field(default_factory=list)
     """Per policy: seconds of its gradient all-reduce per second a 1 GB/s ring would take (1 / GB/s)."""
+    act_bytes_per_token: list[float | None] = field(default_factory=list)
+    """Per policy: the update's activation bytes per forward token its worker measured (the memory price)."""
 
     def __post_init__(self) -> None:
         k = len(self.cfg.policies)
@@ -122,6 +124,8 @@ class CostModel:
             self._kappa = [_Ema(1.0) for _ in range(k)]
         if not self._comm:
             self._comm = [_Ema(1.0 / CPU_ALLREDUCE_GB_S) for _ in range(k)]
+        if not self.act_bytes_per_token:
+            self.act_bytes_per_token = [None] * k
 
     # ------------------------------------------------------------------ predictions
     def effective_params(self, index: int) -> int:
@@ -200,6 +204,9 @@ class CostModel:
         CPU summed over the ranks, wall times the slowest rank's, ``cores`` one rank's share), so only
         the wall times stand for ``1/rank_times`` of the step.
         """
+        act = (update or {}).get("act_bytes_per_token")
+        if isinstance(act, (int, float)) and math.isfinite(act) and act > 0:  # the largest seen: the peak's
+            self.act_bytes_per_token[index] = max(float(act), self.act_bytes_per_token[index] or 0.0)
         if update is not None and rank_times > 1:
             update, update_cpu_s = self._fold_allreduce(index, update, update_cpu_s, rank_times)
         times = ("rollout_s", "generate_s", "update_s", "train_s")

@@ -51,8 +51,11 @@ def memory_shares(shares: Sequence[tuple[Hashable, float | None]],
     return out
 
 
-def allocator_env(environ: Mapping[str, str]) -> dict[str, str]:
+def allocator_env(environ: Mapping[str, str], engine: str = "hf") -> dict[str, str]:
     """The variables to add to ``environ`` for a worker process on a GPU: the caching allocator's
     ``expandable_segments:True``, unless the user set ``PYTORCH_CUDA_ALLOC_CONF`` (or torch's newer
-    name ``PYTORCH_ALLOC_CONF``): theirs is kept as is."""
-    return {} if ALLOC_CONF in environ or "PYTORCH_ALLOC_CONF" in environ else {ALLOC_CONF: EXPANDABLE}
+    name ``PYTORCH_ALLOC_CONF``): theirs is kept as is; none for a worker whose policy samples with
+    vLLM (``engine``), whose sleep-mode memory pool refuses to start beside expandable segments."""
+    if engine == "vllm" or ALLOC_CONF in environ or "PYTORCH_ALLOC_CONF" in environ:
+        return {}
+    return {ALLOC_CONF: EXPANDABLE}

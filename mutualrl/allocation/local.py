@@ -154,7 +154,8 @@ class LocalScheduler(Scheduler):
             for pos, spec in enumerate(plan.workers):
                 rank = f"-rank{spec.rank}" if spec.world > 1 else ""
                 self.procs.append(self._spawn(pos, spec.label, spec.threads or 1,
-                                              logs / f"worker-{spec.index}-{spec.name}{rank}.log", spec.visible_gpu))
+                                              logs / f"worker-{spec.index}-{spec.name}{rank}.log", spec.visible_gpu,
+                                              cfg.policies[spec.index].generation.engine))
             for p, spec in zip(self.procs, plan.workers, strict=True):
                 self._send(p, "__init__", [plan.to_dict(), spec.index, str(self.run_dir) if self.run_dir else None,
                                            spec.rank])
@@ -165,14 +166,15 @@ class LocalScheduler(Scheduler):
             raise
         return infos
 
-    def _spawn(self, index: int, name: str, threads: int, log_path: Path, gpu: int | None = None) -> _Proc:
+    def _spawn(self, index: int, name: str, threads: int, log_path: Path, gpu: int | None = None,
+               engine: str = "hf") -> _Proc:
         env = dict(os.environ)
         env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                     "OPENBLAS_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
                     "PYTHONUNBUFFERED": "1", "MUTUALRL_WORKER": name})
         if gpu is not None:  # the parent's cuda:<gpu>, through its own CUDA_VISIBLE_DEVICES where it has one
             env["CUDA_VISIBLE_DEVICES"] = child_visible_devices(gpu, os.environ.get("CUDA_VISIBLE_DEVICES"))
-            env.update(allocator_env(os.environ))
+            env.update(allocator_env(os.environ, engine))
         # idle OpenMP threads sleep instead of spinning: workers share cores with each other
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         log = open(log_path, "ab")  # noqa: SIM115 - the worker writes it for its whole life; closed in close()

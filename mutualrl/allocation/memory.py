@@ -23,26 +23,37 @@ budget does not, is refused before anything runs (:class:`MemoryPlanError`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
+
+from mutualrl.errors import UserError
 
 FP32 = 4
 CPU_HEADROOM = 0.85
 """Share of the machine's RAM the plan hands out on CPU (the rest: the OS, the exchange, the controller)."""
 GPU_HEADROOM = 0.9
 """Share of a card's memory the plan hands out (CUDA contexts and the allocator's slack take the rest)."""
-PROCESS_BYTES = 700 * 2**20
-"""A worker process before any model: Python, torch, transformers, tokenizers (measured ~0.6-0.8 GiB)."""
-BUDGET_QUANTUM = 1024
+PROCESS_BYTES = 512 * 2**20
+"""A worker process beside its model's tensors: Python, torch, transformers, the tokenizer and the
+sampler's buffers (SmolLM2-135M on this CPU: ~0.5 GiB)."""
+BACKWARD_EXTRA = 0.4
+"""The backward holds gradients of activations beside the activations it is consuming: an update
+micro-batch's transient peak is (1 + this) x its saved activations (SmolLM2-135M, fp32, CPU:
+4.2 GB over 2.8 GB saved for a group of 8 rows of 64 + 256 tokens, the LM head's chunk apart)."""
+BUDGET_QUANTUM = 256
 """``auto`` budgets are whole multiples of this many tokens."""
 MIN_AUTO_BUDGET = 256
 """Below this many forward tokens a micro-batch no longer holds a completion of real length."""
-MAX_AUTO_BUDGET = {"cpu": 4096, "cuda": 65536}
-"""More tokens per micro-batch than this no longer pay: on CPU cores the matmuls are saturated by
-about 2k tokens (benchmarks/memory.py: seconds per token flat from one 8-row group up), so a larger
-budget would only hold more memory; on a GPU larger micro-batches keep the card busy."""
+MAX_AUTO_BUDGET = {"cpu": 65536, "cuda": 65536}
+"""The largest ``auto`` budget on each kind of device (tokens)."""
+CPU_ACTIVATION_CAP = 6 * 2**30
+"""On CPU cores an ``auto`` micro-batch's transient bytes (activations and their gradients) stay under
+this: the matmuls are saturated well before (benchmarks/memory.py: SmolLM2's seconds per token are
+no lower at 64 rows than in one 8-row group of 64 + 256 tokens), so a larger micro-batch would only
+hold memory. Small models (the zoo) still train a whole step in one forward."""
 SAMPLE_ROWS_GUESS = 64
 """Rows the sampler decodes at once when the step's size is not known."""
 
@@ -87,13 +98,26 @@ class ModelShape:
         return cls.from_config(model.config, params, trainable)
 
     def activation_prior(self, checkpointing: bool = False) -> float:
-        """Bytes per forward token of a training forward kept for the backward (fp32), before any
-        measurement: per layer ~6 hidden-wide, 3 MLP-wide and one attention-row (heads x 128)
-        vectors; under gradient checkpointing one hidden vector per layer plus one layer's worth."""
-        per_layer = 6 * self.hidden + 3 * self.intermediate + 128 * self.heads
+        """Bytes per forward token a training forward keeps for its backward (fp32), before any
+        measurement. Per layer: ~5 hidden-wide vectors (norms, residual inputs), 4 query-wide ones
+        (queries before and after RoPE, attention output, the output projection's input), 2.5
+        query-wide for the keys and values that grouped-query attention repeats per head (the shared
+        prompt's among them), and 4 MLP-wide ones (gate, up, their activation and product). Within
+        ~20 % of autograd's own count (:func:`measure_activation_bytes`) on SmolLM2-135M (+17 %) and
+        Gemma-3-270M (-11 %). Under gradient checkpointing: one hidden vector per layer plus one
+        layer's worth."""
         if checkpointing:
-            return FP32 * (self.layers * self.hidden + 2 * per_layer)
-        return FP32 * self.layers * per_layer
+            return FP32 * self.layers * self.hidden + self.recompute_prior()
+        return FP32 * self.layers * self._per_layer()
+
+    def _per_layer(self) -> float:
+        q = self.heads * self.head_dim
+        return 5 * self.hidden + 6.5 * q + 4 * self.intermediate
+
+    def recompute_prior(self) -> float:
+        """Under gradient checkpointing, the bytes per token of the layer being recomputed in the
+        backward (and its gradients): two layers' worth."""
+        return FP32 * 2 * self._per_layer()
 
     def kv_bytes_per_token(self) -> float:
         """The sampler's KV cache per token (fp32 keys and values of every layer)."""
@@ -102,36 +126,53 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class MemoryPrice:
-    """One policy worker's bytes (see the module doc); every field in bytes."""
+    """One policy worker's bytes (see the module doc); every field in bytes. Sampling and the update
+    take turns: the peak is the resident bytes plus the larger of the sampler's KV cache and an
+    update micro-batch's transient bytes (its activations and the LM head's chunk)."""
 
     process: int
     weights: int
     gradients: int
     optimizer: int
     reference: int
-    sampler: int
+    sampler_copy: int
+    """A second copy of the weights the sampler reads (CPU packed linears, FSDP's gathered copy,
+    vLLM's own weights on CPU; a vLLM share of the card on a GPU)."""
+    sampler_kv: int
     head_chunk: int
     act_bytes_per_token: float
     act_measured: bool
     """Whether ``act_bytes_per_token`` was measured (else the shape's prior)."""
     max_budget: int = MAX_AUTO_BUDGET["cpu"]
     """The largest ``auto`` budget on this kind of device."""
+    activation_cap: int | None = CPU_ACTIVATION_CAP
+    """The most transient bytes an ``auto`` micro-batch holds (:data:`CPU_ACTIVATION_CAP` on CPU)."""
 
     @property
     def resident(self) -> int:
-        """Everything but the activations."""
-        return (self.process + self.weights + self.gradients + self.optimizer + self.reference + self.sampler
-                + self.head_chunk)
+        """What the worker holds between phases."""
+        return (self.process + self.weights + self.gradients + self.optimizer + self.reference
+                + self.sampler_copy)
 
     def peak(self, micro_batch_tokens: int) -> int:
         """The predicted peak with micro-batches of ``micro_batch_tokens`` forward tokens."""
-        return int(self.resident + self.act_bytes_per_token * micro_batch_tokens)
+        update = self.head_chunk + (1 + BACKWARD_EXTRA) * self.act_bytes_per_token * micro_batch_tokens
+        return int(self.resident + max(self.sampler_kv, update))
 
-    def largest_budget(self, allowance: int) -> int | None:
-        """The largest ``auto`` budget whose peak fits ``allowance`` (None: not even the smallest)."""
-        room = allowance - self.resident
-        tokens = int(room / max(self.act_bytes_per_token, 1.0))
-        tokens = min(self.max_budget, tokens // BUDGET_QUANTUM * BUDGET_QUANTUM)
+    def largest_budget(self, allowance: int, group_tokens: int | None = None) -> int | None:
+        """The largest ``auto`` budget whose peak fits ``allowance`` (None: not even the smallest):
+        a whole number of prompt groups of ``group_tokens`` forward tokens where one fits (a budget
+        between two multiples would only leave the rest of a group for the next micro-batch), else
+        a multiple of :data:`BUDGET_QUANTUM`."""
+        if self.resident + self.sampler_kv > allowance:
+            return None
+        room = allowance - self.resident - self.head_chunk
+        if self.activation_cap is not None:
+            room = min(room, self.activation_cap)
+        tokens = min(self.max_budget, int(room / max((1 + BACKWARD_EXTRA) * self.act_bytes_per_token, 1.0)))
+        if group_tokens and tokens >= group_tokens:
+            return tokens // group_tokens * group_tokens
+        tokens = tokens // BUDGET_QUANTUM * BUDGET_QUANTUM
         if tokens < BUDGET_QUANTUM:
             tokens = MIN_AUTO_BUDGET if room >= self.act_bytes_per_token * MIN_AUTO_BUDGET else 0
         return tokens or None
@@ -144,35 +185,43 @@ def price(shape: ModelShape, *, phases: int = 1, beta: float = 0.0, lora: bool =
           checkpointing: bool = False, sampler: str = "hf", sample_rows: int = SAMPLE_ROWS_GUESS,
           sample_tokens: int = 512, fsdp_ranks: int = 1, gpu: bool = False, gpu_share: float | None = None,
           gpu_bytes: int | None = None, act_bytes_per_token: float | None = None,
-          logits_budget: int = 1 << 25) -> MemoryPrice:
+          logits_budget: int = 1 << 25, packed_weights: bool = True, bf16: bool = False,
+          vllm_bytes: int | None = None) -> MemoryPrice:
     """The memory price of one worker of a policy of ``shape``.
 
     ``phases``: optimizer phases (1 + sharing phases with their own step); ``sampler``: ``hf``
     (KV cache of ``sample_rows`` rows of ``sample_tokens``; on CPU the packed linears copy the
-    weights) or ``vllm`` (its share of the card, ``gpu_share`` x ``gpu_bytes``, on a GPU; its KV
-    space on CPU); ``fsdp_ranks``: the training state is split over them, the sampler keeps a full
-    copy; ``act_bytes_per_token``: a measurement (else the prior)."""
+    weights) or ``vllm`` (its share of the card, ``gpu_share`` x ``gpu_bytes``, on a GPU; its weights
+    and KV space on CPU); ``fsdp_ranks``: the training state is split over them, the sampler keeps
+    a full copy; ``act_bytes_per_token``: a measurement (else the prior); ``bf16``: autocast halves
+    the activations and the KV cache (master weights and AdamW stay fp32)."""
     ranks = max(1, fsdp_ranks)
     weights = shape.params * FP32
     trainable = shape.trainable * FP32
-    sharded = weights // ranks
-    grads = trainable // ranks
-    optim = 2 * trainable * max(1, phases) // ranks
-    reference = weights if beta > 0 and not lora else 0
+    kv = 0
     if sampler == "vllm":
-        if gpu:
-            samp = int((gpu_share or 0.0) * (gpu_bytes or 0))
-        else:
-            samp = weights + int(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")) * 2**30
+        copy = (vllm_bytes if vllm_bytes is not None else vllm_need(shape, sample_rows, sample_tokens)) if gpu \
+            else weights + int(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")) * 2**30
     else:
-        kv = int(shape.kv_bytes_per_token() * sample_rows * sample_tokens)
-        copy = weights if (ranks > 1 or not gpu) else 0  # FSDP's gathered copy; CPU's packed linears
-        samp = kv + copy
-    head = 3 * FP32 * min(logits_budget, shape.vocab * 4096)
+        kv = int(shape.kv_bytes_per_token() * sample_rows * sample_tokens * (0.5 if bf16 else 1.0))
+        copy = weights if (ranks > 1 or (not gpu and packed_weights)) else 0
     measured = act_bytes_per_token is not None and act_bytes_per_token > 0
-    act = float(act_bytes_per_token) if measured else shape.activation_prior(checkpointing)
-    return MemoryPrice(PROCESS_BYTES, sharded, grads, optim, reference, samp, head, act, measured,
-                       MAX_AUTO_BUDGET["cuda" if gpu else "cpu"])
+    scale = 0.5 if bf16 else 1.0
+    act = float(act_bytes_per_token) if measured else shape.activation_prior(checkpointing) * scale
+    if measured and checkpointing:  # autograd saw the checkpoints only: add the layer being recomputed
+        act += shape.recompute_prior() * scale
+    return MemoryPrice(process=PROCESS_BYTES, weights=weights // ranks, gradients=trainable // ranks,
+                       optimizer=2 * trainable * max(1, phases) // ranks,
+                       reference=weights // ranks if beta > 0 and not lora else 0, sampler_copy=copy, sampler_kv=kv,
+                       head_chunk=3 * FP32 * min(logits_budget, shape.vocab * 4096), act_bytes_per_token=act,
+                       act_measured=measured, max_budget=MAX_AUTO_BUDGET["cuda" if gpu else "cpu"],
+                       activation_cap=None if gpu else CPU_ACTIVATION_CAP)
+
+
+def vllm_need(shape: ModelShape, rows: int, tokens: int) -> int:
+    """The least a vLLM engine on a GPU needs: its bf16 weights and a bf16 KV cache for ``rows`` rows
+    of ``tokens`` (vLLM allocates its KV space up front, and samples every row of a step at once)."""
+    return int(shape.params * 2 + shape.kv_bytes_per_token() / 2 * rows * tokens)
 
 
 def machine_bytes() -> int:
@@ -188,50 +237,374 @@ def machine_bytes() -> int:
     return total
 
 
-def cpu_allowances(resident: list[int], concurrent: bool, total: int | None = None) -> list[int]:
-    """Each policy's bytes on a CPU machine: its resident bytes plus its part of what is left of the
-    machine's RAM (less :data:`CPU_HEADROOM`) once every policy's resident bytes are held: the whole
-    rest for each when the updates do not overlap (one process, the sequential scheduler), an equal
-    part each when they do."""
-    pool = int((total or machine_bytes()) * CPU_HEADROOM) - sum(resident)
+def cpu_allowances(resident: list[int], concurrent: bool, total: int | None = None,
+                   headroom: float = CPU_HEADROOM) -> list[int]:
+    """Each policy's bytes on a CPU machine (or one process's GPU): its resident bytes plus its part
+    of what is left of ``total`` (the machine's RAM; less ``headroom``) once every policy's resident
+    bytes are held: the whole rest for each when the updates do not overlap (one process, the
+    sequential scheduler), an equal part each when they do."""
+    pool = int((total or machine_bytes()) * headroom) - sum(resident)
     part = pool if not concurrent else pool // max(1, len(resident))
     return [r + part for r in resident]
 
 
-class MemoryPlanError(ValueError):
+STATE_LEVERS = ("peft (LoRA: no full gradients or optimizer state), fsdp: true with more workers (the "
+                "training state is split over the ranks), fewer optimizer phases (a sharing step without a "
+                "learning_rate of its own trains in the policy's step)")
+"""What shrinks a policy's resident training state."""
+
+
+class MemoryPlanError(UserError):
     """A plan that cannot fit in memory: names the policy, the bytes and the levers."""
 
-    def __init__(self, policy: str, field: str, need: int, have: int, detail: str) -> None:
+    def __init__(self, policy: str, field: str, need: int, have: int, detail: str, levers: str = "") -> None:
         self.policy, self.field, self.need, self.have = policy, field, need, have
+        levers = levers or f"a smaller {field}, {STATE_LEVERS}, grpo.gradient_checkpointing: true"
         super().__init__(
-            f"policy {policy!r} does not fit in memory: it needs {gib(need)} at its peak ({detail}) but the plan "
-            f"can give it {gib(have)}. Levers: a smaller {field}, peft (LoRA: no full gradients or optimizer "
-            f"state), grpo.gradient_checkpointing: true, fsdp: true with more workers (the training state is "
-            f"split over the ranks), or a larger machine/GPU.")
+            f"policy {policy!r} ({field.split('.')[0]}) does not fit in memory: it needs {gib(need)} at its peak ({detail}) but the plan "
+            f"can give it {gib(have)}. Levers: {levers}, or a larger machine/GPU.")
 
 
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+def gib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
 
 
 def check_fits(policy: str, price_: MemoryPrice, allowance: int, budget: int | str | None,
-               longest_row: int, field: str) -> int | None:
+               longest_row: int, field: str, group_tokens: int | None = None) -> int | None:
     """The micro-batch budget a worker runs with: ``auto`` resolved to the largest that fits, a fixed
     one checked. Raises :class:`MemoryPlanError` when the resident bytes plus one row's activations
-    (``longest_row`` forward tokens, the least a micro-batch holds) do not fit, or a fixed budget's
-    peak does not. ``None`` budget: the whole phase at once (not checked: its size is the batch's)."""
+    (``longest_row`` forward tokens, the least a micro-batch holds) or the sampler's KV cache do not
+    fit, or a fixed budget's peak does not; the levers named are the ones that would help.
+    ``None`` budget: the whole phase at once (not checked: its size is the batch's)."""
     least = price_.peak(longest_row)
     if least > allowance:
+        kv_bound = price_.sampler_kv > price_.head_chunk + price_.act_bytes_per_token * longest_row
+        levers = (f"fewer rows sampled at once (prompts_per_step x num_generations, or eval_batch_size: "
+                  f"{gib(price_.sampler_kv)} of KV cache), a shorter max_completion_length, {STATE_LEVERS}"
+                  if kv_bound else f"{STATE_LEVERS}, grpo.gradient_checkpointing: true, a shorter "
+                  "max_completion_length")
         raise MemoryPlanError(policy, field, least, allowance,
-                              f"{gib(price_.resident)} resident + one row of {longest_row} tokens")
+                              f"{gib(price_.resident)} resident + one row of {longest_row} tokens, or the "
+                              f"sampler's {gib(price_.sampler_kv)} of KV cache", levers)
     if budget == "auto":
-        got = price_.largest_budget(allowance)
+        got = price_.largest_budget(allowance, group_tokens)
         return max(got or longest_row, longest_row)
     if isinstance(budget, int):
         need = price_.peak(budget)
         if need > allowance:
             raise MemoryPlanError(policy, field, need, allowance,
                                   f"{gib(price_.resident)} resident + {budget} tokens x "
-                                  f"{price_.act_bytes_per_token / 1024:.0f} KiB")
+                                  f"{price_.act_bytes_per_token / 1024:.0f} KiB",
+                                  f"a smaller {field} (or auto: the largest that fits), "
+                                  f"grpo.gradient_checkpointing: true, {STATE_LEVERS}")
         return budget
     return None
+
+
+# ----------------------------------------------------------------------------- measuring
+def _status_bytes(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise OSError(f"no {key} in /proc/self/status")
+
+
+def process_peak_bytes() -> int:
+    """This process's peak resident set (``VmHWM``; ``ru_maxrss`` where there is no /proc)."""
+    try:
+        return _status_bytes("VmHWM")
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_process_peak() -> bool:
+    """Start this process's peak resident set afresh at its current size (Linux ``clear_refs``)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+class SavedBytes:
+    """Within the block, the bytes of the tensors autograd saves for the backward (each storage once,
+    the module's parameters left out): what a training forward holds until its backward."""
+
+    def __init__(self, module: Any) -> None:
+        self._weights = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self._seen: dict[int, int] = {}
+        self._ctx: Any = None
+
+    @property
+    def total(self) -> int:
+        return sum(self._seen.values())
+
+    def _pack(self, t: Any) -> Any:
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr not in self._weights and t.device.type != "meta":
+            self._seen[ptr] = max(self._seen.get(ptr, 0), st.nbytes())
+        # a detached alias of the same storage: the tensor itself would make a saved output hold its
+        # own graph (a cycle autograd frees only in a backward: a forward without one would leak it)
+        return t.detach()
+
+    def __enter__(self) -> Self:
+        import torch
+
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._ctx.__exit__(*exc)
+
+
+def measure_activation_bytes(policy: Any, prompt_len: int, completion_len: int, rows: tuple[int, int] = (2, 4)
+                             ) -> float:
+    """Bytes per forward token an update's forward keeps for its backward, measured on ``policy``:
+    two probes of one prompt with ``rows`` completions of the given lengths (random tokens), each a
+    training forward of :meth:`~mutualrl.policy.Policy.logprobs` whose saved tensors autograd
+    reports (``saved_tensors_hooks``; every storage counted once, the weights left out); the slope
+    of the two totals over their forward tokens. Deterministic and the same on every device; no
+    backward is run and no gradient is left."""
+    import torch
+
+    vocab = min(len(policy.tokenizer), policy.model.config.vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, vocab, (prompt_len,), generator=gen).tolist()
+
+    def probe(n: int) -> tuple[int, int]:
+        comps = [torch.randint(3, vocab, (completion_len,), generator=gen).tolist() for _ in range(n)]
+        with SavedBytes(policy.model) as saved:
+            out = policy.logprobs([prompt] * n, comps)
+        del out
+        return n * completion_len + prompt_len, saved.total
+
+    was = policy.model.training
+    policy.model.train()
+    (t1, b1), (t2, b2) = probe(rows[0]), probe(rows[1])
+    policy.model.train(was)
+    return max(1.0, (b2 - b1) / (t2 - t1))
+
+
+# ----------------------------------------------------------------------------- the plan's memory
+VLLM_SLACK = 0.9
+"""A derived vLLM share takes this much of what training leaves the worker (the rest: the allocator's
+slack inside the process's memory cap)."""
+def group_tokens(num_generations: int, max_completion_length: int) -> int:
+    """The forward tokens of one prompt group at its longest: a prompt (allowing
+    :data:`PROMPT_TOKENS_GROUP` tokens) and ``num_generations`` completions of the longest length."""
+    return PROMPT_TOKENS_GROUP + num_generations * max_completion_length
+
+
+PROMPT_TOKENS_GROUP = 128
+"""The prompt length an ``auto`` budget leaves room for when it snaps to whole groups."""
+PROMPT_TOKENS_PLAN = 64
+"""Prompt tokens assumed per row when the plan prices a step (chat templates run 30-100)."""
+
+
+def model_shape(model_ref: str, peft: Any = None) -> ModelShape | None:
+    """The shape of a model reference without loading weights (a local directory, a built or unbuilt
+    zoo policy, a prepared real model), or None where only a name is known offline. ``peft``: a
+    :class:`~mutualrl.config.PeftConfig` (the adapter's parameters are then the trainable ones)."""
+    from mutualrl.allocation.cost import count_parameters
+    from mutualrl.allocation.data_parallel import lora_params
+    from mutualrl.modelref import ModelRef
+
+    params = count_parameters(model_ref)
+    if not params:
+        return None
+    trainable = lora_params(params, peft.r, peft.target_modules) if peft is not None else params
+    try:
+        ref = ModelRef.parse(model_ref)
+        config = None
+        if ref.kind == "zoo":
+            from mutualrl import zoo
+
+            spec = zoo.ZOO.get(ref.name)
+            built = zoo.policy_dir(ref.name, ref.seed)
+            if (built / "config.json").is_file():
+                config = _auto_config(built)
+            elif spec is not None:
+                import torch
+
+                from mutualrl.allocation.cost import _SizedTokenizer
+
+                with torch.device("meta"):
+                    config = zoo.build_model(spec, _SizedTokenizer(spec.vocab_size)).config
+        else:
+            d = ref.local_dir()
+            if d is not None and (d / "config.json").is_file():
+                config = _auto_config(d)
+    except Exception:  # noqa: BLE001 - an odd reference: price from the parameter count alone
+        config = None
+    if config is None:
+        return _shape_from_params(params, trainable)
+    return ModelShape.from_config(config, params, trainable)
+
+
+def _auto_config(path: Path) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(path))
+
+
+def _shape_from_params(params: int, trainable: int) -> ModelShape:
+    """A dense transformer of ``params`` parameters as such models are usually shaped (``params ~ 12
+    layers h^2``, ``layers ~ h / 128``, MLP 4 h wide, 128-wide heads, a quarter of them for keys and
+    values, a 128k vocabulary)."""
+    hidden = int((max(params, 1) * 128 / 12) ** (1 / 3))
+    heads = max(1, hidden // 128)
+    return ModelShape(params, trainable, max(1, round(hidden / 128)), hidden, 4 * hidden, heads, max(1, heads // 4),
+                      128, 128_000)
+
+
+@dataclass(frozen=True)
+class PolicyMemory:
+    """One worker's memory in the plan: its price, what it is given, the budget it runs with."""
+
+    name: str
+    price: MemoryPrice | None
+    """None where the model's shape is unknown offline (its worker prices it once loaded)."""
+    allowance: int
+    micro_batch_tokens: int | None
+    longest_row: int
+    vllm_memory_fraction: float | None = None
+    """A vLLM engine's ``gpu_memory_utilization`` on a GPU: the share of the card the plan leaves it."""
+
+    @property
+    def predicted_peak(self) -> int | None:
+        return None if self.price is None else self.price.peak(self.micro_batch_tokens or self.longest_row)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "allowance": self.allowance, "micro_batch_tokens": self.micro_batch_tokens,
+                "predicted_peak": self.predicted_peak, "vllm_memory_fraction": self.vllm_memory_fraction,
+                "price": self.price.to_dict() if self.price is not None else None}
+
+
+def plan_memory(plan: Any, gpu_bytes: list[int | None], ranks: list[int], concurrent: bool,
+                shares: list[float | None] | None = None, total: int | None = None,
+                act_bytes_per_token: list[float | None] | None = None,
+                gpu_ids: list[Any] | None = None) -> list[PolicyMemory]:
+    """Every policy's memory in a plan (one entry per policy; its ranks are alike).
+
+    ``gpu_bytes``: the memory of the GPU each policy's worker is on (None: CPU); ``shares``: its
+    share of that GPU; ``concurrent``: whether the workers' updates can overlap (separate
+    processes; in one process the policies on one device share its pool, the process counted once);
+    ``gpu_ids``: which GPU each is on; ``act_bytes_per_token``: measurements (calibration) per
+    policy. A policy whose shape is unknown offline (a hub id not in the cache) is not priced: its
+    worker resolves ``auto`` against its loaded model. Raises :class:`MemoryPlanError` for the first
+    policy that cannot fit, naming the levers. ``plan``: a :class:`~mutualrl.resolve.RunPlan` (each
+    policy's effective options are its first worker's)."""
+    cfg = plan.config
+    k = len(cfg.policies)
+    opts = {w.index: w.options for w in reversed(plan.workers)}
+    shares = shares or [None] * k
+    acts = act_bytes_per_token or [None] * k
+    prices: list[MemoryPrice | None] = []
+    longest = [PROMPT_TOKENS_PLAN + opts[i].max_completion_length for i in range(k)]
+    for i, pol in enumerate(cfg.policies):
+        o, shape, n, gpu = opts[i], model_shape(pol.model, pol.peft), max(1, ranks[i]), gpu_bytes[i] is not None
+        # the sampler decodes a step's rows at once (an evaluation, eval_batch_size of them)
+        rows = max(cfg.prompts_per_step * o.num_generations // n, min(cfg.eval_batch_size, cfg.eval_size))
+        prices.append(None if shape is None else price(
+            shape, phases=1 + _sharing_phases(cfg, i), beta=o.beta, lora=pol.peft is not None,
+            checkpointing=o.gradient_checkpointing, sampler=pol.generation.engine, sample_rows=rows,
+            sample_tokens=longest[i], fsdp_ranks=n if pol.fsdp else 1, gpu=gpu, gpu_bytes=gpu_bytes[i],
+            act_bytes_per_token=acts[i], packed_weights=bool(pol.generation.packed_weights),
+            bf16=o.dtype == "bfloat16" or (o.dtype == "auto" and gpu)))
+    known = [i for i in range(k) if prices[i] is not None]
+    # who shares a pool: one process (not concurrent) per device; separate processes on the CPU
+    device_of = [("cpu",) if gpu_bytes[i] is None else ("gpu", (gpu_ids or [0] * k)[i]) for i in range(k)]
+    allowance: dict[int, int] = {}
+    pools: dict[Any, list[int]] = {}
+    for i in known:
+        if gpu_bytes[i] is not None and (concurrent or shares[i]):
+            allowance[i] = int(gpu_bytes[i] * (shares[i] or GPU_HEADROOM))
+        else:
+            pools.setdefault(device_of[i], []).append(i)
+    for dev, on in pools.items():
+        cpu = dev == ("cpu",)
+        res = [prices[i].resident * (max(1, ranks[i]) if cpu else 1) for i in on]  # type: ignore[union-attr]
+        if not concurrent:  # one process: Python and torch once
+            res = [r - (PROCESS_BYTES if j else 0) for j, r in enumerate(res)]
+        got = cpu_allowances(res, concurrent and cpu, total if cpu else gpu_bytes[on[0]],
+                             CPU_HEADROOM if cpu else GPU_HEADROOM)
+        allowance.update({i: a // (max(1, ranks[i]) if cpu else 1) for i, a in zip(on, got, strict=True)})
+    budgets: dict[int, int | None] = {}
+    for i in known:
+        field = f"policies[{i}].grpo.micro_batch_tokens"
+        budgets[i] = check_fits(cfg.policies[i].name, prices[i], allowance[i], opts[i].micro_batch_tokens,  # type: ignore[arg-type]
+                                longest[i], field, group_tokens(opts[i].num_generations, opts[i].max_completion_length))
+    fracs = _vllm_shares(cfg, prices, allowance, budgets, longest, gpu_bytes, pools)
+    out = []
+    for i, pol in enumerate(cfg.policies):
+        p = prices[i]
+        if p is None:
+            out.append(PolicyMemory(pol.name, None, 0, None, longest[i]))
+            continue
+        if fracs.get(i) is not None:
+            p = dataclasses.replace(p, sampler_copy=int(fracs[i] * gpu_bytes[i]))  # type: ignore[operator]
+        out.append(PolicyMemory(pol.name, p, allowance[i], budgets[i], longest[i], fracs.get(i)))
+    return out
+
+
+def _vllm_shares(cfg: Any, prices: list[MemoryPrice | None], allowance: dict[int, int],
+                 budgets: dict[int, int | None], longest: list[int], gpu_bytes: list[int | None],
+                 pools: dict[Any, list[int]]) -> dict[int, float]:
+    """Each vLLM engine's share of its GPU: what its worker's allowance leaves after training (its
+    resident state and one micro-batch), or, for engines of one process on one GPU, an equal part
+    of what that pool leaves after every policy's resident state and the largest update; a set
+    ``gpu_memory_utilization`` is checked to fit instead."""
+    pooled = {i: on for on in pools.values() for i in on}
+    out: dict[int, float] = {}
+    for i, pol in enumerate(cfg.policies):
+        p = prices[i]
+        if p is None or gpu_bytes[i] is None or pol.generation.engine != "vllm":
+            continue
+        need = p.sampler_copy  # priced as the engine's least: its bf16 weights and a step's KV
+        if i in pooled:
+            on = pooled[i]
+            transient = max(prices[j].peak(budgets[j] or longest[j]) - prices[j].resident for j in on)  # type: ignore[union-attr]
+            engines = [j for j in on if cfg.policies[j].generation.engine == "vllm"]
+            rest = need + (allowance[i] - p.resident - transient) // len(engines)
+        else:
+            rest = allowance[i] - (p.peak(budgets[i] or longest[i]) - need)
+        util = pol.generation.gpu_memory_utilization
+        if util is not None and util * gpu_bytes[i] > rest:
+            raise MemoryPlanError(pol.name, f"policies[{i}].generation.gpu_memory_utilization",
+                                  int(allowance[i] - rest + util * gpu_bytes[i]), allowance[i],
+                                  f"vLLM asks for {util:g} of the card, training leaves {rest / gpu_bytes[i]:.2f}; "
+                                  "leave gpu_memory_utilization unset to have it derived")
+        out[i] = util if util is not None else VLLM_SLACK * rest / gpu_bytes[i]
+    return out
+
+
+def _sharing_phases(cfg: Any, index: int) -> int:
+    """Optimizer phases a policy's sharing steps add (each its own AdamW)."""
+    try:
+        from mutualrl.algorithms.sharing import parse_strategy
+
+        strategy = parse_strategy(cfg.sharing.strategy)
+        return len(strategy.optimizer_phases(strategy.settings(cfg.policy_sharing(index))))
+    except Exception:  # noqa: BLE001 - a strategy module not importable here: price one phase
+        return 0
+
+
+def describe_memory(entries: list[PolicyMemory]) -> str:
+    """A plain-text table: each policy's predicted peak, its parts and what the plan gives it."""
+    head = ["policy", "micro_batch_tokens", "predicted_peak", "given", "weights+grads+adam", "sampler", "act/token"]
+    rows = []
+    for e in entries:
+        p = e.price
+        if p is None:
+            rows.append([e.name, "auto (at start)", "unknown offline", "-", "-", "-", "-"])
+            continue
+        rows.append([e.name, str(e.micro_batch_tokens or "whole phase"), gib(e.predicted_peak), gib(e.allowance),
+                     gib(p.weights + p.gradients + p.optimizer + p.reference), gib(p.sampler_copy + p.sampler_kv),
+                     f"{p.act_bytes_per_token / 1024:.0f} KiB" + ("" if p.act_measured else " (prior)")])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
+    return "\n".join(["MWRA memory (per worker)", line(head), line(["-" * w for w in widths]), *map(line, rows)])

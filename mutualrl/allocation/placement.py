@@ -21,10 +21,11 @@ import uuid
 from pathlib import Path
 
 from mutualrl.allocation.gpu_memory import memory_shares
+from mutualrl.allocation.memory import PolicyMemory, plan_memory
 from mutualrl.allocation.planner import Allocation, Placement, Resources, plan_for
 from mutualrl.config import RunConfig
 from mutualrl.exchange.url import ExchangeURL
-from mutualrl.resolve import RunPlan
+from mutualrl.resolve import RunPlan, WorkerSpec
 
 BACKENDS: tuple[str, ...] = ("sequential", "local", "ray")
 
@@ -80,13 +81,15 @@ def _device(backend: str, gpu: int | None) -> tuple[str, int | None]:
 
 
 def place(plan: RunPlan, allocation: Allocation, backend: str, exchange: str, *, threads: int | None = None,
-          rendezvous: str | None = None) -> RunPlan:
+          rendezvous: str | None = None, memory_of: RunPlan | None = None) -> RunPlan:
     """``plan`` with every worker placed as ``allocation`` says, for ``backend`` (see the module doc).
 
     ``threads`` fixes every worker's torch threads (the scheduler's or the run's ``threads``). The
     ranks of a policy on several workers take the planned threads each, split its core share, take consecutive
     GPUs from its planned one, and meet at ``rendezvous`` (``tcp://HOST:PORT``, the scheduler's
-    store) under the policy's name."""
+    store) under the policy's name. Memory is priced for a first placement; a re-plan passes the
+    placed plan in force as ``memory_of`` and keeps its workers' memory, micro-batch budgets and
+    vLLM shares (the workers run with those; a re-plan moves threads only)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     cfg = plan.config
@@ -120,7 +123,58 @@ def place(plan: RunPlan, allocation: Allocation, backend: str, exchange: str, *,
     # the processes on one GPU leave headroom for what the allocator does not see (CUDA contexts)
     shares = memory_shares([(g, w.gpu_fraction) for g, w in zip(gpus, workers, strict=True)])
     workers = [dataclasses.replace(w, gpu_fraction=s) for w, s in zip(workers, shares, strict=True)]
+    if memory_of is not None:
+        kept = {(w.index, w.rank): w for w in memory_of.workers}
+        workers = [dataclasses.replace(w, **{f: getattr(kept[(w.index, w.rank)], f) for f in MEMORY_FIELDS})
+                   if (w.index, w.rank) in kept else w for w in workers]
+    else:
+        workers = _with_memory(plan, allocation, workers, backend)
     return dataclasses.replace(plan, workers=tuple(workers), placed=True)
+
+
+MEMORY_FIELDS: tuple[str, ...] = ("memory_bytes", "micro_batch_tokens", "predicted_peak_bytes", "vllm_memory_fraction")
+"""What the memory plan writes into a worker's spec."""
+
+
+def _gpu_bytes(allocation: Allocation, node: str | None, gpu: int | None) -> int | None:
+    """The memory of the GPU a worker is given (None on the CPU; 80 GiB when the plan does not know it)."""
+    if gpu is None:
+        return None
+    pool = next((n.gpus for n in allocation.resources.nodes if n.node_id == node), None) or allocation.resources.gpus
+    dev = next((g for g in pool if g.index == gpu), None)
+    return int((dev.memory_gb if dev is not None else 80.0) * 2**30)
+
+
+def memory_entries(plan: RunPlan, allocation: Allocation, backend: str) -> list[PolicyMemory]:
+    """Each policy's memory in a placed plan (its workers placed by ``allocation`` for ``backend``):
+    :func:`~mutualrl.allocation.memory.plan_memory`, which raises
+    :class:`~mutualrl.allocation.memory.MemoryPlanError` for a policy that cannot fit."""
+    first = {w.index: w for w in reversed(plan.workers)}
+    k = len(plan.config.policies)
+    gpu_bytes = [_gpu_bytes(allocation, first[i].node, _physical(first[i])) if first[i].device != "cpu" else None
+                 for i in range(k)]
+    return plan_memory(plan, gpu_bytes, [first[i].world for i in range(k)], concurrent=backend != "sequential",
+                       shares=[first[i].gpu_fraction for i in range(k)],
+                       act_bytes_per_token=allocation.act_bytes_per_token,
+                       gpu_ids=[(first[i].node, _physical(first[i])) for i in range(k)])
+
+
+def _with_memory(plan: RunPlan, allocation: Allocation, workers: list[WorkerSpec], backend: str) -> list[WorkerSpec]:
+    """Every worker with the memory the plan gives it, its micro-batch budget and its predicted peak."""
+    entries = memory_entries(dataclasses.replace(plan, workers=tuple(workers)), allocation, backend)
+    return [dataclasses.replace(w, memory_bytes=entries[w.index].allowance,
+                                micro_batch_tokens=entries[w.index].micro_batch_tokens,
+                                predicted_peak_bytes=entries[w.index].predicted_peak,
+                                vllm_memory_fraction=entries[w.index].vllm_memory_fraction) for w in workers]
+
+
+def _physical(spec: WorkerSpec) -> int | None:
+    """The physical GPU of a placed worker (its visible GPU, or the index its device names)."""
+    if spec.visible_gpu is not None:
+        return spec.visible_gpu
+    if spec.device and spec.device.startswith("cuda"):
+        return int(spec.device.split(":")[1]) if ":" in spec.device else 0
+    return None
 
 
 def place_in_process(plan: RunPlan, run_dir: str | Path | None = None) -> RunPlan:

@@ -171,6 +171,8 @@ class Allocation:
     mode: str
     """``exclusive`` (whole cores each), ``shared`` (fractional shares), ``gpu`` or ``equal``."""
     calibrated: bool = False
+    act_bytes_per_token: list[float | None] | None = None
+    """The update's activation bytes per token each policy's worker measured (memory price), if any."""
 
     @property
     def predicted_step_s(self) -> float:
@@ -355,7 +357,7 @@ def plan(cfg: RunConfig, resources: Resources, costs: CostModel | None = None) -
     else:
         placements = _cpu_placements(cfg, costs, list(range(k)), resources.cpus)
         mode = _mode(placements)
-    return Allocation(placements, resources, mode, costs.calibrated)
+    return Allocation(placements, resources, mode, costs.calibrated, list(costs.act_bytes_per_token))
 
 
 def plan_equal(cfg: RunConfig, resources: Resources, costs: CostModel | None = None) -> Allocation:
@@ -370,7 +372,7 @@ def plan_equal(cfg: RunConfig, resources: Resources, costs: CostModel | None = N
         r, u = costs.seconds(i, share)
         out.append(Placement(i, cfg.policies[i].name, costs.effective_params(i), share, threads,
                              predicted_rollout_s=r, predicted_update_s=u))
-    return Allocation(out, resources, "equal", costs.calibrated)
+    return Allocation(out, resources, "equal", costs.calibrated, list(costs.act_bytes_per_token))
 
 
 def evaluate_allocation(alloc: Allocation, costs: CostModel) -> Allocation:
@@ -387,7 +389,7 @@ def evaluate_allocation(alloc: Allocation, costs: CostModel) -> Allocation:
             r, u = costs.seconds(p.index, p.cpu_share)
         out.append(Placement(**{**asdict(p), "predicted_rollout_s": r, "predicted_update_s": u,
                                 "predicted_allreduce_s": ar}))
-    return Allocation(out, alloc.resources, alloc.mode, costs.calibrated)
+    return Allocation(out, alloc.resources, alloc.mode, costs.calibrated, list(costs.act_bytes_per_token))
 
 
 def should_replan(current: Allocation, costs: CostModel, resources: Resources,

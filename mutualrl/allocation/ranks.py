@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from mutualrl.resolve import RunPlan
 
-FIRST_KEYS: frozenset[str] = frozenset({"resample_rounds", "learning_rate", "lr"})
+FIRST_KEYS: frozenset[str] = frozenset({"resample_rounds", "learning_rate", "lr", "micro_batch_tokens"})
 """Metrics every rank reports alike (decided together): the first rank's is kept."""
 
 

@@ -98,14 +98,15 @@ def bundle_for(spec: WorkerSpec) -> dict[str, float]:
 
 
 def actor_env(spec: WorkerSpec, environ: dict[str, str] | None = None,
-              job_env: dict[str, str] | None = None) -> dict[str, str]:
+              job_env: dict[str, str] | None = None, engine: str = "hf") -> dict[str, str]:
     """Environment variables a placed worker's actor is started with (its ``runtime_env``): on a
     GPU, the caching allocator's ``expandable_segments``
     (:func:`~mutualrl.allocation.gpu_memory.allocator_env`) unless the user set the allocator's
-    variable, in the driver's environment (``environ``) or the job's runtime environment (``job_env``)."""
+    variable, in the driver's environment (``environ``) or the job's runtime environment (``job_env``),
+    or the policy samples with vLLM (``engine``)."""
     if spec.device is None or not spec.device.startswith("cuda"):
         return {}
-    return allocator_env({**(job_env or {}), **(os.environ if environ is None else environ)})
+    return allocator_env({**(job_env or {}), **(os.environ if environ is None else environ)}, engine)
 
 
 def _job_env_vars(ray: Any) -> dict[str, str]:
@@ -208,7 +209,7 @@ class RayScheduler(Scheduler):
             job_env = _job_env_vars(ray)
             for spec in plan.workers:
                 b = bundle_for(spec)
-                env = actor_env(spec, job_env=job_env)
+                env = actor_env(spec, job_env=job_env, engine=plan.config.policies[spec.index].generation.engine)
                 actor = actor_cls.options(
                     num_cpus=b["CPU"], num_gpus=b.get("GPU", 0), max_restarts=0, max_concurrency=1,
                     **({"runtime_env": {"env_vars": env}} if env else {}),

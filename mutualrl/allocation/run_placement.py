@@ -52,9 +52,10 @@ class RunPlacement:
         """The allocation in force."""
         return self.mwra.allocation
 
-    def _place(self, plan: RunPlan, allocation: Allocation) -> RunPlan:
+    def _place(self, plan: RunPlan, allocation: Allocation, memory_of: RunPlan | None = None) -> RunPlan:
         v = self.venue
-        return place(plan, allocation, v.backend, self.exchange, threads=self.threads, rendezvous=v.rendezvous)
+        return place(plan, allocation, v.backend, self.exchange, threads=self.threads, rendezvous=v.rendezvous,
+                     memory_of=memory_of)
 
     def start(self) -> list[dict[str, Any]]:
         """Start the workers of the placed plan; record their parameter counts and the plan."""
@@ -76,7 +77,7 @@ class RunPlacement:
         new = self.mwra.maybe_replan(step)
         if new is None:
             return None
-        placed = self._place(self.plan.unplaced(), new)
+        placed = self._place(self.plan.unplaced(), new, memory_of=self.plan)  # memory as first placed
         self.scheduler.realise(placed)
         self.plan = placed
         self._write()

@@ -50,6 +50,8 @@ import torch
 
 from mutualrl.engines.base import Generation, SamplingParams
 
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.3
+"""A vLLM engine's share of its GPU when neither the plan nor the config gives one."""
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU attention kernels support (vLLM 0.32)."""
 
@@ -205,8 +207,12 @@ def _engine_arg_names() -> set[str]:
 def sleep_mode_available(device: torch.device) -> bool:
     """Whether an engine on ``device`` is built with vLLM's sleep mode: a CUDA device, a vLLM whose
     ``LLM`` has ``sleep``/``wake_up`` and takes ``enable_sleep_mode``, a platform vLLM offers it
-    on, and :data:`SLEEP_ENV` not ``0``."""
+    on, :data:`SLEEP_ENV` not ``0``, and the caching allocator without ``expandable_segments``
+    (vLLM's sleep-mode memory pool refuses to start beside it)."""
     if device.type != "cuda" or os.environ.get(SLEEP_ENV, "1").strip() in ("0", "false", "no"):
+        return False
+    alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + os.environ.get("PYTORCH_ALLOC_CONF", "")
+    if "expandable_segments:true" in alloc.replace(" ", "").lower():  # vLLM's memory pool asserts on it
         return False
     try:
         from vllm import LLM
@@ -297,7 +303,9 @@ class VLLMEngine:
         """Whether the engine was built with vLLM's sleep mode (:meth:`sleep` frees its GPU memory)."""
         self.asleep = False
         if device.type == "cuda":
-            kwargs["gpu_memory_utilization"] = g.gpu_memory_utilization
+            # the plan's share for the engine; without a plan, the setting, else TRL's usual 0.3
+            kwargs["gpu_memory_utilization"] = (getattr(policy, "vllm_memory_fraction", None) or g.gpu_memory_utilization
+                                                or DEFAULT_GPU_MEMORY_UTILIZATION)
             if (device.index or 0) != 0:  # vLLM takes the process's cuda:0 unless told otherwise
                 if "device_ids" not in _engine_arg_names():
                     raise RuntimeError(f"the vLLM engine of policy {policy.name!r} should run on {device}, "
