@@ -24,6 +24,15 @@ from dataclasses import dataclass
 import torch
 
 from mutualrl.algorithms.registry import POLICY_PHASE
+from mutualrl.allocation.memory import (
+    CPU_HEADROOM,
+    GPU_HEADROOM,
+    MIN_AUTO_BUDGET,
+    ModelShape,
+    group_tokens,
+    machine_bytes,
+)
+from mutualrl.allocation.memory import price as memory_price
 from mutualrl.config import GenerationConfig, GRPOOptions, PeftConfig
 from mutualrl.devices import cpu_has_native_bf16, resolve_dtype
 from mutualrl.engines.base import GenerationEngine, SamplingParams, cache_kwarg, dedupe_prompts, left_pad
@@ -31,7 +40,13 @@ from mutualrl.engines.head import HEAD_BLOCK_COLUMNS, decoder_and_head
 from mutualrl.engines.hf import HFEngine
 from mutualrl.engines.vllm import VLLMEngine
 from mutualrl.fsdp import ShardedWeights
-from mutualrl.modeling import disable_dropout, format_prompt, generation_stop_ids, tokenizer_fingerprint
+from mutualrl.modeling import (
+    check_lora_head,
+    disable_dropout,
+    format_prompt,
+    generation_stop_ids,
+    tokenizer_fingerprint,
+)
 from mutualrl.thl.peer import stop_ids_of
 from mutualrl.thl.retokenize import encode_completion
 from mutualrl.token_tensors import LOGITS_BUDGET, head_logprobs
@@ -112,7 +127,6 @@ class Policy:
         if peft is not None:
             from peft import LoraConfig, get_peft_model
 
-            from mutualrl.modeling import check_lora_head
 
             check_lora_head(model, peft.target_modules, name,
                             engine=generation.engine if generation else "hf")
@@ -187,19 +201,17 @@ class Policy:
         machine's RAM, or the device's memory, less headroom); returns the budget."""
         if self.options.micro_batch_tokens != "auto":
             return self.micro_batch_tokens
-        from mutualrl.allocation import memory
-
         gpu = self.device.type == "cuda"
         if allowance is None:
-            allowance = (int(torch.cuda.get_device_properties(self.device).total_memory * memory.GPU_HEADROOM)
-                         if gpu else int(memory.machine_bytes() * memory.CPU_HEADROOM))
-        price = memory.price(memory.ModelShape.of_model(self.model), phases=phases or len(self.optimizers),
+            allowance = (int(torch.cuda.get_device_properties(self.device).total_memory * GPU_HEADROOM)
+                         if gpu else int(machine_bytes() * CPU_HEADROOM))
+        price = memory_price(ModelShape.of_model(self.model), phases=phases or len(self.optimizers),
                              beta=self.options.beta, lora=self.lora, gpu=gpu,
                              checkpointing=self.options.gradient_checkpointing,
                              act_bytes_per_token=act_bytes_per_token, sampler=self.generation.engine,
                              logits_budget=self.logits_budget)
-        group = memory.group_tokens(self.options.num_generations, self.options.max_completion_length)
-        self.micro_batch_tokens = price.largest_budget(allowance, group) or memory.MIN_AUTO_BUDGET
+        group = group_tokens(self.options.num_generations, self.options.max_completion_length)
+        self.micro_batch_tokens = price.largest_budget(allowance, group) or MIN_AUTO_BUDGET
         return self.micro_batch_tokens
 
     @property

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from mutualrl.allocation import memory
+from mutualrl.allocation import memory, memory_plan
 from mutualrl.cli import main
 from mutualrl.config import GRPOOptions
 from mutualrl.policy import Policy
@@ -120,10 +120,10 @@ def test_cpu_allowances_share_the_pool_by_how_updates_overlap():
 
 
 def test_shapes_come_from_configs_without_weights(tiny_models):
-    shape = memory.model_shape(str(tiny_models["tiny-llama"]))
+    shape = memory_plan.model_shape(str(tiny_models["tiny-llama"]))
     pol = Policy("p", str(tiny_models["tiny-llama"]), GRPOOptions(dtype="float32"))
     assert shape == memory.ModelShape.of_model(pol.model)
-    guess = memory.model_shape("Qwen/Qwen2.5-7B-Instruct")
+    guess = memory_plan.model_shape("Qwen/Qwen2.5-7B-Instruct")
     assert guess is not None and 3_000 < guess.hidden < 5_000 and guess.kv_heads < guess.heads
 
 
@@ -131,9 +131,8 @@ def test_a_resumed_auto_budget_is_the_runs_own_unless_it_no_longer_fits(tmp_path
     """The budget ``auto`` resolved is saved with the policy's state: a resume on a machine that gives
     as much memory continues with the same micro-batches (an exact resume); one that gives less keeps
     the plan's smaller budget and says so."""
-    from mutualrl.worker import PolicyWorker
-
     from mutualrl.resolve import load_config
+    from mutualrl.worker import PolicyWorker
 
     w = PolicyWorker(load_config(_config(tmp_path, str(tiny_models["tiny-gpt2"]))), 0)
     try:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from mutualrl.allocation.memory_plan import describe_memory
 from mutualrl.errors import UserError
 
 
@@ -33,7 +34,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan; exit code 2 for bad input."""
     from mutualrl.allocation.cost import CostModel, estimate_parameters
-    from mutualrl.allocation.memory import describe_memory
     from mutualrl.allocation.placement import memory_entries, place
     from mutualrl.allocation.planner import Resources, plan
     from mutualrl.resolve import resolve

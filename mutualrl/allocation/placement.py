@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from mutualrl.allocation.gpu_memory import memory_shares
-from mutualrl.allocation.memory import PolicyMemory, plan_memory
+from mutualrl.allocation.memory_plan import PolicyMemory, plan_memory
 from mutualrl.allocation.planner import Allocation, Placement, Resources, plan_for
 from mutualrl.config import RunConfig
 from mutualrl.exchange.url import ExchangeURL

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import importlib.util
 import inspect
 import os
@@ -159,11 +160,6 @@ def engine_start_lock(key: str | None, lock_dir: str | os.PathLike[str] | None =
     lock. The engine takes it around vLLM's start on a GPU, keyed by the GPU, so engines of
     co-located workers start one at a time (the OS drops a dead holder's lock)."""
     if key is None:
-        yield
-        return
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not on POSIX: no lock
         yield
         return
     d = Path(lock_dir) if lock_dir is not None else _lock_dir()
