@@ -140,20 +140,18 @@ class RankGroup:
 
     def sum(self, values: Sequence[float]) -> list[float]:
         """``values`` summed element-wise over the ranks (float64 on the wire)."""
-        if not self.active:
-            return [float(v) for v in values]
-        self.mark()
-        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return [float(v) for v in t.tolist()]
+        return self._reduce(values, dist.ReduceOp.SUM)
 
     def max(self, values: Sequence[float]) -> list[float]:
         """``values`` maximised element-wise over the ranks (float64 on the wire)."""
+        return self._reduce(values, dist.ReduceOp.MAX)
+
+    def _reduce(self, values: Sequence[float], op: dist.ReduceOp) -> list[float]:
         if not self.active:
             return [float(v) for v in values]
         self.mark()
         t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=op)
         return [float(v) for v in t.tolist()]
 
     def any(self, flags: Sequence[bool]) -> list[bool]:
