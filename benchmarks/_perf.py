@@ -30,7 +30,7 @@ def model_dir(name: str, max_positions: int | None = None) -> tuple[Path, str]:
 
     With ``max_positions`` a zoo spec is always the untrained variant with that many positions."""
     if name == "smollm2":
-        from mutualrl.modelref import ModelRef
+        from mutualrl.config.modelref import ModelRef
 
         return Path(ModelRef.parse("real:smollm2").resolve(progress=False)), "SmolLM2-135M-Instruct (real:smollm2)"
     if Path(name).is_dir():

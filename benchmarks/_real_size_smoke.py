@@ -42,7 +42,7 @@ def _variant(model: str, name: str, out: Path, dry: bool) -> dict[str, Any]:
     from mutualrl.algorithms.sharing import TrainBatch, TrainRow, parse_strategy
     from mutualrl.algorithms.update import train_on_batch
     from mutualrl.allocation import memory
-    from mutualrl.checkpoint import save_policy_state
+    from mutualrl.run.checkpoint import save_policy_state
     from mutualrl.config import GRPOOptions, PeftConfig
 
     v = VARIANTS[name]
@@ -54,7 +54,7 @@ def _variant(model: str, name: str, out: Path, dry: bool) -> dict[str, Any]:
                        num_iterations=v.get("num_iterations", 1),
                        gradient_checkpointing=v.get("gradient_checkpointing", False), micro_batch_tokens="auto",
                        dynamic_sampling="off")
-    from mutualrl.policy import Policy
+    from mutualrl.rollout.policy import Policy
 
     pol = Policy("p", model, opts, device=device, seed=0,
                  peft=PeftConfig(r=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]) if v.get("peft") else None)
@@ -101,9 +101,9 @@ def _variant(model: str, name: str, out: Path, dry: bool) -> dict[str, Any]:
 
 def _load_without_gpu(model: str, out: Path) -> dict[str, Any]:
     """The child's side of the load: a fresh CPU policy reads the GPU run's state."""
-    from mutualrl.checkpoint import load_policy_state
+    from mutualrl.run.checkpoint import load_policy_state
     from mutualrl.config import GRPOOptions
-    from mutualrl.policy import Policy
+    from mutualrl.rollout.policy import Policy
 
     pol = Policy("p", model, GRPOOptions(num_generations=G, dtype="float32"), device="cpu")
     extra = load_policy_state(out / "ckpt", pol)

@@ -77,7 +77,7 @@ def build_models(root: Path) -> dict[str, Path]:
 
 
 def run_config(models: list[Path], exchange: str, quick: bool) -> Any:
-    from mutualrl.resolve import resolve
+    from mutualrl.config.resolve import resolve
 
     return resolve({
         "policies": [{"name": f"p{i}", "model": str(m)} for i, m in enumerate(models)],

@@ -63,7 +63,7 @@ def predicted(cfg: dict[str, Any]) -> tuple[float, float]:
     from mutualrl.allocation.calibrate import calibrate_in_workers
     from mutualrl.allocation.cost import CostModel, estimate_parameters
     from mutualrl.allocation.planner import Resources, plan
-    from mutualrl.resolve import load_config
+    from mutualrl.config.resolve import load_config
 
     c = load_config(cfg)
     costs = CostModel(c, estimate_parameters(c))
@@ -73,7 +73,7 @@ def predicted(cfg: dict[str, Any]) -> tuple[float, float]:
 
 
 def measure(model: str, workers: int, threads: int, steps: int) -> dict[str, Any]:
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     cfg = config(model, workers, threads, steps)
     with tempfile.TemporaryDirectory() as d:
@@ -111,7 +111,7 @@ def measure_pair(pair: str, steps: int) -> dict[str, Any]:
     calibration in worker processes, against the steps measured under that plan (re-plans off, so that
     the measured steps are the first plan's)."""
     from mutualrl.allocation.local import LocalScheduler
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     cfg = pair_config(pair, steps)
     with tempfile.TemporaryDirectory() as d:

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _hostile import hostile_rows
 
-from mutualrl.tracking import is_measurement
+from mutualrl.run.tracking import is_measurement
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -96,7 +96,7 @@ def subprocess_env(work: Path, **extra: str) -> dict[str, str]:
 
 def train_in_process(cfg: dict[str, Any], run_dir: Path | None) -> list[dict[str, Any]]:
     """Run a config with MutualTrainer here; return its metric rows."""
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     tr = MutualTrainer(cfg, run_dir, progress=False)
     tr.train()
@@ -186,7 +186,7 @@ def audit_exchange(db: Path, ack_log: Path | None, reference_ids: set[str] | Non
 
 def verify_all_checkpoints(run_dir: Path) -> tuple[int, int, list[str]]:
     """(complete checkpoints, unloadable ones, problems) of a run directory."""
-    from mutualrl.checkpoint import CHECKPOINTS, read_state, step_of, verify_checkpoint
+    from mutualrl.run.checkpoint import CHECKPOINTS, read_state, step_of, verify_checkpoint
 
     n, bad, problems = 0, 0, []
     root = run_dir / CHECKPOINTS
@@ -266,7 +266,7 @@ def kill_trials(work: Path, models: dict[str, Path], steps: int, plan: list[str]
         started = started or (run_dir / "config.yaml").is_file()
         killed = rc == -signal.SIGKILL
         n, bad, probs = verify_all_checkpoints(run_dir)
-        from mutualrl.checkpoint import latest_checkpoint, read_state
+        from mutualrl.run.checkpoint import latest_checkpoint, read_state
 
         ck = latest_checkpoint(run_dir)
         trials.append({"kill": spec, "rc": rc, "killed": killed, "by": "outside" if outside else "self",
@@ -304,8 +304,8 @@ def hostile_check(work: Path, models: dict[str, Path], steps: int, per_kind: int
     from mutualrl.algorithms.sharing import OwnGroup, PeerRows, ShareContext, build_batch
     from mutualrl.exchange import open_exchange
     from mutualrl.experience import parse
-    from mutualrl.resolve import load_config
-    from mutualrl.worker import PolicyWorker
+    from mutualrl.config.resolve import load_config
+    from mutualrl.run.worker import PolicyWorker
 
     cfg_d = run_config(models, steps, sharing={"strategy": "xgrpo+sgt"})
     cfg = load_config(cfg_d)
@@ -544,9 +544,9 @@ def tiny_tmpfs(path: Path, size_kib: int) -> Iterator[bool]:
 
 def disk_full_check(work: Path, models: dict[str, Path]) -> dict[str, Any]:
     """A run whose checkpoint cannot be written (full disk): clear error, last good one intact."""
-    from mutualrl.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
-    from mutualrl.trainer import MutualTrainer
-    from mutualrl.worker import PolicyWorker
+    from mutualrl.run.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
+    from mutualrl.run.trainer import MutualTrainer
+    from mutualrl.run.worker import PolicyWorker
 
     out: dict[str, Any] = {}
     cfg = run_config(models, 6, exchange=f"sqlite:///{work / 'diskfull_exchange.db'}")

@@ -125,7 +125,7 @@ def ranks_check(root: Path, dry: bool) -> dict[str, Any]:
 
     import torch
 
-    from mutualrl.distributed import serve_store
+    from mutualrl.run.distributed import serve_store
     from mutualrl.zoo.models import build_tiny_models
 
     gpus = torch.cuda.device_count()
@@ -173,8 +173,8 @@ def main() -> None:
 
     import torch
 
-    from mutualrl.resolve import load_config
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.config.resolve import load_config
+    from mutualrl.run.trainer import MutualTrainer
 
     dry = args.dry_run
     if not dry and not torch.cuda.is_available():

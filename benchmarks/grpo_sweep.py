@@ -143,8 +143,8 @@ def main() -> None:
     if args.one:
         import torch
 
-        from mutualrl.resolve import load_config
-        from mutualrl.trainer import MutualTrainer
+        from mutualrl.config.resolve import load_config
+        from mutualrl.run.trainer import MutualTrainer
 
         torch.set_num_threads(1)
         MutualTrainer(load_config(json.loads(args.one[0])), Path(args.one[1]), progress=False).train()

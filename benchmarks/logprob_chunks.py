@@ -34,8 +34,8 @@ def child(model: str, rows: int, completion: int, budget: int | None) -> dict:
     import torch
 
     from mutualrl.config import GRPOOptions
-    from mutualrl.modelref import resolve_model_path
-    from mutualrl.policy import LOGITS_BUDGET, Policy
+    from mutualrl.config.modelref import resolve_model_path
+    from mutualrl.rollout.policy import LOGITS_BUDGET, Policy
 
     torch.set_num_threads(os.cpu_count() or 1)
     pol = Policy("p", resolve_model_path(model), GRPOOptions(max_completion_length=completion),

@@ -77,7 +77,7 @@ def child_mutualrl(s: dict[str, Any]) -> dict[str, Any]:
     from mutualrl.algorithms.update import train_on_batch
     from mutualrl.allocation import memory
     from mutualrl.config import GRPOOptions
-    from mutualrl.policy import Policy
+    from mutualrl.rollout.policy import Policy
 
     torch.set_num_threads(s["threads"])
     opts = GRPOOptions(num_generations=G, max_completion_length=s["completion"], dtype="float32",

@@ -63,8 +63,8 @@ def run_config(dirs: dict[str, Path], names: list[str], task: dict[str, Any], st
 
 
 def train(cfg: dict[str, Any], out: Path, reuse: bool) -> Path:
-    from mutualrl.resolve import load_config
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.config.resolve import load_config
+    from mutualrl.run.trainer import MutualTrainer
 
     if reuse and (out / "summary.json").is_file():
         return out
@@ -100,7 +100,7 @@ def pair_residuals(dirs: dict[str, Path], run_dir: Path, names: list[str]) -> di
     from transformers import AutoTokenizer
 
     from mutualrl.exchange import open_exchange
-    from mutualrl.resolve import run_config as saved_config
+    from mutualrl.config.resolve import run_config as saved_config
     from mutualrl.tasks.build import build_task
     from mutualrl.thl.align import align_batch
     from mutualrl.thl.residual import pair_report
@@ -128,7 +128,7 @@ def _runs_for(key: str, seed: int, args: argparse.Namespace) -> Path | None:
 
 
 def sweep(dirs: dict[str, Path], task: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    from mutualrl.report import load_run, summarize, write_report
+    from mutualrl.study.report import load_run, summarize, write_report
 
     names = list(dirs)
     # independent training does not depend on K (no policy reads another's rows): the first two

@@ -103,8 +103,8 @@ def zero_shot(n: int, max_new: int) -> dict[str, Any]:
     import torch
 
     from mutualrl.config import GRPOOptions
-    from mutualrl.modelref import resolve_model_path
-    from mutualrl.policy import Policy
+    from mutualrl.config.modelref import resolve_model_path
+    from mutualrl.rollout.policy import Policy
 
     task, problems = zero_shot_problems(n)
     out: dict[str, Any] = {}
@@ -201,8 +201,8 @@ def thl_residual(run_dirs: list[Path]) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from mutualrl.exchange import open_exchange
-    from mutualrl.modelref import resolve_model_path
-    from mutualrl.resolve import load_config
+    from mutualrl.config.modelref import resolve_model_path
+    from mutualrl.config.resolve import load_config
     from mutualrl.tasks.build import build_task
     from mutualrl.thl.align import align_batch
     from mutualrl.thl.residual import pair_report

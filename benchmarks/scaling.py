@@ -53,7 +53,7 @@ def measure(policies: list[tuple[str, str]], *, steps: int, warmup: int, threads
     import torch
 
     from mutualrl.allocation import SequentialScheduler
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     class Sched(SequentialScheduler):
         def start(self, cfg: Any, run_dir: Any) -> list[dict[str, Any]]:
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from mutualrl.quiet import silence_transformers
+    from mutualrl.run.quiet import silence_transformers
 
     silence_transformers()
     t0 = time.perf_counter()

@@ -131,7 +131,7 @@ class Study:
     # ------------------------------------------------------------------ running
     def run(self, pairs: Iterable[tuple[Arm, int]]) -> None:
         """Train every (arm, seed) not yet recorded, ``jobs`` at a time; record each compactly."""
-        from mutualrl.checkpoint import latest_checkpoint
+        from mutualrl.run.checkpoint import latest_checkpoint
 
         todo = []
         for arm, seed in pairs:
@@ -193,7 +193,7 @@ class Study:
         return left
 
     def _same_spec(self, d: Path, cfg: dict[str, Any]) -> bool:
-        from mutualrl.resolve import load_config
+        from mutualrl.config.resolve import load_config
 
         try:
             spec = json.loads(spec_path(d).read_text())
@@ -207,7 +207,7 @@ class Study:
 
         The records are what is committed, so a study continued on a fresh machine (its run directories
         gone) reuses them instead of retraining."""
-        from mutualrl.resolve import load_config
+        from mutualrl.config.resolve import load_config
 
         name = f"{arm.name}-seed{seed}.json"
         try:
@@ -240,7 +240,7 @@ class Study:
 
     def weights(self, cfg: Mapping[str, Any]) -> dict[str, str]:
         """The fingerprint of each policy's starting weights in ``cfg`` (cached per model path)."""
-        from mutualrl.modelref import resolve_model_path
+        from mutualrl.config.modelref import resolve_model_path
 
         out = {}
         for pol in cfg["policies"]:
@@ -257,7 +257,7 @@ class Study:
         return (d / "summary.json").is_file() and self._same_spec(d, cfg)
 
     def _record(self, arm: Arm, seed: int, d: Path) -> None:
-        from mutualrl.report import load_run
+        from mutualrl.study.report import load_run
 
         run = load_run(d)
         spec = json.loads(spec_path(d).read_text())
@@ -316,7 +316,7 @@ class Study:
         dirs = [self.out / f"{r['arm']}-seed{r['seed']}" for r in load_compacts(self.runs_dir)
                 if r["arm"] in self.arms and (self.out / f"{r['arm']}-seed{r['seed']}").is_dir()]
         if dirs:
-            from mutualrl.report import write_report
+            from mutualrl.study.report import write_report
 
             write_report(dirs, RESULTS / f"{self.name}_report", title=f"mutualrl {self.name}", notes=self.notes)
         print_table(result)
@@ -330,7 +330,7 @@ def load_compacts(runs_dir: Path) -> list[dict[str, Any]]:
 
 
 def _val(run: Mapping[str, Any]) -> float:
-    from mutualrl.evidence import final_accuracy
+    from mutualrl.study.evidence import final_accuracy
 
     v = final_accuracy(run, "val")
     if v is None:
@@ -392,7 +392,7 @@ def _check_paired_builds(runs: Sequence[Mapping[str, Any]]) -> None:
 def _arm_summary(runs: Sequence[Mapping[str, Any]], arm: str, seeds: Sequence[int]) -> dict[str, Any]:
     """One arm's accuracy and compute over ``seeds`` (its runs' final test and validation accuracy,
     per policy, what they spent, the revisions that trained them)."""
-    from mutualrl import evidence
+    from mutualrl.study import evidence
 
     rs = [r for r in runs if r["arm"] == arm and r["seed"] in seeds]
     test = [evidence.final_accuracy(r, "test") for r in rs]
@@ -412,7 +412,7 @@ def _compute_ratios(runs: Sequence[Mapping[str, Any]], table: Mapping[str, Mappi
                     baseline: str) -> dict[str, Any]:
     """``arm``'s compute over ``baseline``'s: the means' ratios of trained tokens, optimizer steps and
     sampled tokens, and the trained tokens' ratio per seed and per policy."""
-    from mutualrl import evidence
+    from mutualrl.study import evidence
 
     tok = evidence.token_ratios(runs, arm, baseline)
     return {**{k: table[arm][k]["mean"] / max(table[baseline][k]["mean"], 1e-9)
@@ -424,7 +424,7 @@ def _comparisons(runs: Sequence[Mapping[str, Any]], roles: Mapping[str, str], ar
                  seeds: Sequence[int], table: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The peers' share, the pairwise differences, the compute match and the efficiency comparisons
     among ``arms`` over ``seeds``."""
-    from mutualrl import evidence
+    from mutualrl.study import evidence
 
     base = [a for a in arms if roles[a] == "baseline"]
     share = [a for a in arms if roles[a] == "sharing"]
@@ -518,14 +518,14 @@ def print_table(result: Mapping[str, Any]) -> None:
 def _run_one(run_dir: Path, resume: bool) -> None:
     import torch
 
-    from mutualrl.report import ARM_FILE
-    from mutualrl.resolve import load_config
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.study.report import ARM_FILE
+    from mutualrl.config.resolve import load_config
+    from mutualrl.run.trainer import MutualTrainer
 
     spec = json.loads(spec_path(run_dir).read_text())
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     cfg = load_config(spec["config"])
-    from mutualrl.modelref import resolve_model_path
+    from mutualrl.config.modelref import resolve_model_path
 
     weights = {p.name: weights_fingerprint(resolve_model_path(p.model)) for p in cfg.policies}
     provenance_path(run_dir).write_text(json.dumps({"git_rev": git_rev(), "started": time.time(),

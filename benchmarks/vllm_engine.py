@@ -53,10 +53,10 @@ def gen_speeds(spec: dict[str, Any], rounds: int) -> dict[str, Any]:
     import torch
 
     from mutualrl.config import GenerationConfig, GRPOOptions
-    from mutualrl.engines import SamplingParams
-    from mutualrl.engines.hf import HFEngine
-    from mutualrl.modelref import resolve_model_path
-    from mutualrl.policy import Policy
+    from mutualrl.rollout.engines import SamplingParams
+    from mutualrl.rollout.engines.hf import HFEngine
+    from mutualrl.config.modelref import resolve_model_path
+    from mutualrl.rollout.policy import Policy
 
     path = resolve_model_path(spec["model"])
     opts = GRPOOptions(max_completion_length=spec["max_tokens"])
@@ -84,7 +84,7 @@ def gen_speeds(spec: dict[str, Any], rounds: int) -> dict[str, Any]:
         assert all(len(x) == L for x in g.ids)
 
     def run_generate() -> None:
-        from mutualrl.engines.base import left_pad
+        from mutualrl.rollout.engines.base import left_pad
 
         ids, mask = left_pad(prompts, pol.pad_id, pol.device)
         with torch.inference_mode():
@@ -114,7 +114,7 @@ def grpo_run(spec: dict[str, Any], engine: str, steps: int, out_dir: Path) -> di
     """A short single-policy GRPO run with ``engine``; its reward curve, sync and mismatch figures."""
     import shutil
 
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     cfg = {
         "policies": [{"name": "p", "model": spec["model"], "generation": {"engine": engine},

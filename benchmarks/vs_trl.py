@@ -156,7 +156,7 @@ def child_mutualrl(s: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(s["threads"])
     from mutualrl.allocation import SequentialScheduler
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     mdir, _ = _perf.model_dir(s["model"])
     device = s["device"]

@@ -102,7 +102,7 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The config overrides a ``train`` command line asks for, as dotted paths (``--set`` and the
     shortcut flags, which name their fields: ``--seed`` is ``seed``, ``--strategy`` is
     ``sharing.strategy``)."""
-    from mutualrl.resolve import parse_overrides
+    from mutualrl.config.resolve import parse_overrides
 
     overrides = parse_overrides(args.set or [])
     for flag, key in (("steps", "steps"), ("seed", "seed"), ("scheduler", "scheduler"),
@@ -116,8 +116,8 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from mutualrl.resolve import resolve, resolve_run
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.config.resolve import resolve, resolve_run
+    from mutualrl.run.trainer import MutualTrainer
 
     overrides = train_overrides(args)
     if args.resume:
@@ -139,12 +139,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from mutualrl.checkpoint import latest_checkpoint
-    from mutualrl.resolve import resolve_run
-    from mutualrl.worker import PolicyWorker
+    from mutualrl.run.checkpoint import latest_checkpoint
+    from mutualrl.config.resolve import resolve_run
+    from mutualrl.run.worker import PolicyWorker
 
     if args.model:
-        from mutualrl.evaluate_model import cmd_eval_model
+        from mutualrl.export.evaluate_model import cmd_eval_model
 
         return cmd_eval_model(args)
     if not args.run_dir or args.config:
@@ -175,7 +175,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from mutualrl.report import write_report
+    from mutualrl.study.report import write_report
 
     dirs = [Path(d) for d in args.run_dirs]
     for d in dirs:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mutualrl.errors import UserError
-from mutualrl.modelref import ModelRef
+from mutualrl.config.modelref import ModelRef
 
 DEMO_POLICIES = ["gpt2-add", "llama-sub"]
 DEMO_STEPS = 200
@@ -61,9 +61,9 @@ def run_demo(out: Path, *, quick: bool = False, arms: list[str] | None = None, s
              steps: int | None = None, force: bool = False, progress: bool = True) -> Path:
     """Run the demo into ``out``; return the report path."""
     from mutualrl.algorithms.sharing import check_strategy_name
-    from mutualrl.report import write_report
-    from mutualrl.resolve import load_config
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.study.report import write_report
+    from mutualrl.config.resolve import load_config
+    from mutualrl.run.trainer import MutualTrainer
     from mutualrl.zoo import build_zoo
 
     arms = arms or list(DEMO_ARMS)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mutualrl.trainer import MutualTrainer
+from mutualrl.run.trainer import MutualTrainer
 
 
 class _Stop(Exception):

@@ -41,7 +41,7 @@ def trained_zoo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     held-out evaluations at steps 0, 1 and 2, the final models under ``final/`` (``save_final_model``).
     A dense reward (shorter is better) with dynamic sampling off makes every step move the weights.
     Read-only for its users (tests/test_export.py, tests/test_eval_model.py)."""
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     cfg = {"policies": [{"name": "g", "model": "zoo:gpt2-add"},
                         {"name": "l", "model": "zoo:llama-sub", "grpo": {"learning_rate": 3e-2},

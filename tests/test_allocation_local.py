@@ -13,9 +13,9 @@ import pytest
 from mutualrl.allocation import WorkerFailed
 from mutualrl.allocation.local import LocalScheduler
 from mutualrl.allocation.run_placement import launch
-from mutualrl.resolve import load_config, resolve
-from mutualrl.trainer import MutualTrainer
-from mutualrl.worker_api import remote_name
+from mutualrl.config.resolve import load_config, resolve
+from mutualrl.run.trainer import MutualTrainer
+from mutualrl.run.worker_api import remote_name
 
 
 def _config(tiny_config: dict, **over) -> object:

@@ -17,7 +17,7 @@ from mutualrl.allocation.planner import (
     shares_to_threads,
     should_replan,
 )
-from mutualrl.resolve import load_config
+from mutualrl.config.resolve import load_config
 
 
 def _cfg(n: int = 2, **over):

@@ -10,9 +10,9 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from mutualrl.allocation.ray_scheduler import RayScheduler
-from mutualrl.resolve import load_config
-from mutualrl.tracking import is_measurement
-from mutualrl.trainer import MutualTrainer
+from mutualrl.config.resolve import load_config
+from mutualrl.run.tracking import is_measurement
+from mutualrl.run.trainer import MutualTrainer
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import yaml
 from mutualrl.cli import main
 from mutualrl.config import GRPOOptions, RunConfig
 from mutualrl.errors import ConfigError
-from mutualrl.resolve import load_config
+from mutualrl.config.resolve import load_config
 
 
 @pytest.fixture()
@@ -238,8 +238,8 @@ def test_a_policy_overrides_its_sharing_step_settings(tiny_config):
     """``policies[i].sharing`` overrides the run's ``sharing.<step>`` fields for that policy only (a
     token budget per policy, say): each worker builds its batches with its own merged settings; a block
     for a step the strategy does not run, an unknown field or a bad value is refused naming the policy."""
-    from mutualrl.resolve import resolve
-    from mutualrl.worker import PolicyWorker
+    from mutualrl.config.resolve import resolve
+    from mutualrl.run.worker import PolicyWorker
 
     cfg = dict(tiny_config, sharing={"strategy": "imitate", "imitate": {"replay_steps": 4, "own_extra_rows": 8,
                                                                         "match_tokens": 100}})

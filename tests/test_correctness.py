@@ -57,7 +57,7 @@ def _sampled_batch(pol, questions, g=4) -> TrainBatch:
 def test_top_p_leaves_the_first_iteration_ratio_at_one(tiny_models):
     """The PPO reference is the trainer's own forward: with a nucleus sampler the ratio used to be
     the nucleus mass (~0.7) and every negative-advantage token was clipped."""
-    from mutualrl.policy import Policy
+    from mutualrl.rollout.policy import Policy
 
     pol = Policy("p", str(tiny_models["tiny-gpt2"]),
                  GRPOOptions(num_generations=4, max_completion_length=6, top_p=0.7), seed=0)
@@ -81,8 +81,8 @@ def _with_dropout(src: Path, dst: Path, p: float) -> Path:
 def test_dropout_is_off_for_rl(tiny_models, tmp_path, family):
     """Model dropout (0.1 in the config) is switched off: the trainer's log-probs equal the
     sampler's, and the first iteration's ratio is 1 with no clipping."""
-    from mutualrl.modeling import disable_dropout
-    from mutualrl.policy import Policy
+    from mutualrl.rollout.modeling import disable_dropout
+    from mutualrl.rollout.policy import Policy
 
     d = _with_dropout(tiny_models[family], tmp_path / family, 0.1)
     pol = Policy("d", str(d), GRPOOptions(num_generations=4, max_completion_length=6), seed=0)
@@ -121,7 +121,7 @@ def test_peer_stopping_on_a_non_eos_stop_token_keeps_its_chunk_and_gets_the_lear
 def test_model_stop_ids_include_the_generation_config(tiny_models, tmp_path):
     from transformers import AutoTokenizer
 
-    from mutualrl.modeling import model_stop_ids
+    from mutualrl.rollout.modeling import model_stop_ids
 
     d = tmp_path / "m"
     shutil.copytree(tiny_models["tiny-llama"], d)
@@ -224,7 +224,7 @@ def test_prp_and_sgt_take_rows_from_every_peer_and_newest_first(task):
 
 # ------------------------------------------------------------------ 5. PRP weights every pass
 def test_prp_importance_weights_are_recomputed_on_every_pass(tiny_models, monkeypatch):
-    from mutualrl.policy import Policy
+    from mutualrl.rollout.policy import Policy
 
     pol = Policy("i", str(tiny_models["tiny-gpt2"]),
                  GRPOOptions(num_generations=2, max_completion_length=6, num_iterations=3, learning_rate=5e-2), seed=0)
@@ -247,8 +247,8 @@ def test_prp_importance_weights_are_recomputed_on_every_pass(tiny_models, monkey
 
 # ------------------------------------------------------------------ 6. async sharing is two-way
 def test_async_updates_see_every_peers_rows_of_their_step(tiny_config):
-    from mutualrl.resolve import load_config
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.config.resolve import load_config
+    from mutualrl.run.trainer import MutualTrainer
 
     cfg = load_config({**tiny_config, "sync": "async", "steps": 4, "eval_every": 10, "checkpoint_every": 10,
                        "sharing": {"strategy": "xgrpo", "max_staleness": 1}})

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from mutualrl.allocation.ranks import merge_metrics
-from mutualrl.distributed import Rendezvous, serve_store
+from mutualrl.run.distributed import Rendezvous, serve_store
 from mutualrl.errors import ConfigError
-from mutualrl.resolve import load_config
+from mutualrl.config.resolve import load_config
 
 HERE = Path(__file__).resolve().parent
 
@@ -157,7 +157,7 @@ def _two_rank_config(tiny_config: dict, scheduler: str) -> dict:
 @pytest.fixture(scope="module")
 def uninterrupted(tiny_models, tmp_path_factory) -> dict[str, Path]:
     """The uninterrupted 4-step run with ``a`` on 2 ranks, per scheduler (made once, compared by two tests)."""
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     tiny = {"policies": [{"name": "a", "model": str(tiny_models["tiny-gpt2"])},
                          {"name": "b", "model": str(tiny_models["tiny-llama"])}],
@@ -184,7 +184,7 @@ def test_a_two_rank_policy_on_ray_trains_checkpoints_and_resumes_exactly(uninter
     pytest.importorskip("ray")
     from _stop import _Stop, _StopAfterStep2
 
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     cfg = _two_rank_config(uninterrupted.tiny, "ray")
     full = uninterrupted("local")
@@ -208,7 +208,7 @@ def test_an_fsdp_policy_trains_checkpoints_and_resumes_exactly(uninterrupted, tm
     pytest.importorskip("ray")
     from _stop import _Stop, _StopAfterStep2
 
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     cfg = _two_rank_config(uninterrupted.tiny, "local")
     cfg["policies"][0]["fsdp"] = True
@@ -232,7 +232,7 @@ def test_the_async_loop_with_a_two_rank_policy_logs_the_sync_loops_metrics(unint
     """``sync: async`` with ``a`` on 2 ranks: a sharing update waits for every peer's rollouts of its
     step, so bounded staleness changes when steps run, not what they compute: the same metrics as
     the synchronous run (machine measurements and the ``ahead`` lead aside)."""
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     cfg = dict(_two_rank_config(uninterrupted.tiny, "local"), sync="async")
     cfg["sharing"] = dict(cfg["sharing"], max_staleness=1)
@@ -255,7 +255,7 @@ def test_a_rank_killed_in_its_update_is_named_and_resume_is_exact(uninterrupted,
     run stops naming rank 1 (not the rank left waiting) and the last good checkpoint; resumed, it logs
     what the uninterrupted run logs and its exchange holds that run's rows, each once."""
     from mutualrl.allocation import WorkerFailed
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     cfg = _two_rank_config(uninterrupted.tiny, "local")
     full = uninterrupted("local")
@@ -282,7 +282,7 @@ def test_a_rank_actor_killed_in_its_update_is_named_under_ray(uninterrupted, tmp
     the collective: the run stops naming rank 1 and the last good checkpoint."""
     ray = pytest.importorskip("ray")
     from mutualrl.allocation import WorkerFailed
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     if ray.is_initialized():
         ray.shutdown()  # the actors must start with this test's environment
@@ -299,7 +299,7 @@ def test_a_hung_rank_is_named_within_the_step_timeout(tiny_config, tmp_path, mon
     """Rank 1 of ``a`` stops answering inside its update: after ``step_timeout_s`` the run stops naming
     rank 1 (the one behind in the collectives), not rank 0 that waits for it."""
     from mutualrl.allocation import WorkerFailed
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     monkeypatch.setenv("MUTUALRL_FAULT_POINT", "update:1")
     monkeypatch.setenv("MUTUALRL_FAULT_WORKER", "a rank 1")
@@ -369,7 +369,7 @@ def test_auto_ranks_come_from_the_placement(tiny_config):
     GPU from the policy's first); the ranks meet at the scheduler's rendezvous under the policy's name."""
     from mutualrl.allocation.placement import place
     from mutualrl.allocation.planner import Allocation, Placement, Resources
-    from mutualrl.resolve import plan_of
+    from mutualrl.config.resolve import plan_of
 
     cfg = dict(tiny_config, scheduler="local")
     cfg["policies"] = [dict(cfg["policies"][0], workers="auto"), cfg["policies"][1]]
@@ -381,7 +381,7 @@ def test_auto_ranks_come_from_the_placement(tiny_config):
     assert [(w.index, w.rank, w.world, w.visible_gpu) for w in placed.workers] == [
         (0, 0, 3, 2), (0, 1, 3, 3), (0, 2, 3, 4), (1, 0, 1, 5)]
     assert {w.rendezvous for w in placed.workers} == {"tcp://127.0.0.1:1234/a", None}
-    from mutualrl.resolve import RunPlan
+    from mutualrl.config.resolve import RunPlan
 
     again = RunPlan.from_dict(json.loads(json.dumps(placed.to_dict())))
     assert again.workers == placed.workers

@@ -1,4 +1,4 @@
-"""The lean decoding step samples what the model's own forward samples (mutualrl.engines.decode_step)."""
+"""The lean decoding step samples what the model's own forward samples (mutualrl.rollout.engines.decode_step)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from mutualrl.config import GRPOOptions
-from mutualrl.engines import HFEngine, SamplingParams
-from mutualrl.engines.decode_step import DECODE_STEPS, StaticKV, decode_step_for
-from mutualrl.policy import Policy
+from mutualrl.rollout.engines import HFEngine, SamplingParams
+from mutualrl.rollout.engines.decode_step import DECODE_STEPS, StaticKV, decode_step_for
+from mutualrl.rollout.policy import Policy
 
 PROMPTS = [[5, 9, 4, 7, 3, 8], [6, 4], [7, 7, 3, 12, 5]]  # ragged: left padding inside the batch
 

@@ -11,7 +11,7 @@ import pytest
 
 from mutualrl.cli import main
 from mutualrl.errors import UserError
-from mutualrl.evaluate_model import evaluate_model
+from mutualrl.export.evaluate_model import evaluate_model
 
 
 def _evals(run_dir: Path) -> dict[tuple[str, int], dict]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from mutualrl.resolve import load_config
+from mutualrl.config.resolve import load_config
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
 

@@ -14,12 +14,12 @@ import pytest
 import torch
 import yaml
 
-from mutualrl.checkpoint import TRAINER_STATE
+from mutualrl.run.checkpoint import TRAINER_STATE
 from mutualrl.cli import main
-from mutualrl.export import EXPORT_INFO, ExportError, export_run, read_export_info
-from mutualrl.resolve import resolve_run
+from mutualrl.export.model import EXPORT_INFO, ExportError, export_run, read_export_info
+from mutualrl.config.resolve import resolve_run
 from mutualrl.tasks.build import eval_problems
-from mutualrl.worker import PolicyWorker
+from mutualrl.run.worker import PolicyWorker
 
 LOGPROB_TOL = 5e-5
 """Per-token log-prob agreement between a plain transformers forward and mutualrl's: bit for bit on an
@@ -173,7 +173,7 @@ def test_an_exported_policy_samples_through_vllm_with_the_same_greedy_answers(tr
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from mutualrl.engines.vllm import process_state_kept
+    from mutualrl.rollout.engines.vllm import process_state_kept
 
     worker = _worker_at(trained_zoo_run, "g", 2)
     questions = _questions(worker)
@@ -218,7 +218,7 @@ def test_the_model_card_is_the_hubs_format_and_says_what_the_directory_holds(tra
 
 
 def test_a_real_models_card_names_its_hub_base_model():
-    from mutualrl.modelcard import base_note, hub_base_model
+    from mutualrl.export.modelcard import base_note, hub_base_model
 
     assert hub_base_model("real:smollm2") == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert hub_base_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
@@ -302,7 +302,7 @@ def test_a_damaged_or_foreign_checkpoint_is_refused_naming_the_file(run_copy, tm
 
 def test_save_model_needs_a_run_with_a_checkpoint(tiny_config, tmp_path):
     from mutualrl.errors import UserError
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     with pytest.raises(UserError, match="run directory"):
         MutualTrainer(tiny_config, None, progress=False).save_model(tmp_path / "out")
@@ -314,7 +314,7 @@ def test_save_model_needs_a_run_with_a_checkpoint(tiny_config, tmp_path):
 
 # ----------------------------------------------------------------------------- the Hub
 def test_push_to_hub_uploads_the_complete_export_directory(trained_zoo_run, tmp_path, monkeypatch, capsys):
-    from mutualrl import hub
+    from mutualrl.export.model import hub
 
     calls = []
 
@@ -377,7 +377,7 @@ def test_a_trained_smollm2_exports_with_the_same_greedy_answers_and_logprobs(tmp
     from safetensors import safe_open
 
     from mutualrl.allocation.base import SequentialScheduler
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     class KeepWorkers(SequentialScheduler):
         def close(self) -> None:

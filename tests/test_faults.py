@@ -64,7 +64,7 @@ def test_peer_data_paths_never_execute_or_unpickle() -> None:
 
 # ----------------------------------------------------------------------------- checkpoints
 def test_checkpoint_manager_atomic_prune_and_fallback(tmp_path: Path) -> None:
-    from mutualrl.checkpoint import CheckpointError, CheckpointManager, latest_checkpoint, list_checkpoints
+    from mutualrl.run.checkpoint import CheckpointError, CheckpointManager, latest_checkpoint, list_checkpoints
 
     mgr = CheckpointManager(tmp_path, keep=2)
 
@@ -108,7 +108,7 @@ def test_kill9_at_fault_points_then_exact_resume(tiny_models: dict[str, Path], r
     same exchange contents (every acknowledged record exactly once), every checkpoint loads.
     ``benchmarks/faults.py`` does the same at every fault point and at random moments."""
     B = _bench()
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     steps = 4  # checkpoints at 2 and 4; killed while writing the one at 4
     cfg = B.run_config(tiny_models, steps)
@@ -154,7 +154,7 @@ def test_hostile_peer_rows_rejected_or_neutralised(tiny_models: dict[str, Path])
     from mutualrl.config import GRPOOptions
     from mutualrl.exchange import open_exchange
     from mutualrl.experience import ExperienceLimits
-    from mutualrl.modeling import tokenizer_fingerprint
+    from mutualrl.rollout.modeling import tokenizer_fingerprint
     from mutualrl.zoo import default_task
 
     hostile_rows = _bench().hostile_rows
@@ -205,8 +205,8 @@ def test_training_next_to_hostile_peer_is_unaffected(tiny_models: dict[str, Path
     B = _bench()
     from mutualrl.exchange import open_exchange
     hostile_rows = B.hostile_rows
-    from mutualrl.resolve import load_config
-    from mutualrl.worker import PolicyWorker
+    from mutualrl.config.resolve import load_config
+    from mutualrl.run.worker import PolicyWorker
 
     cfg = B.run_config(tiny_models, 2, eval_every=2)
     w = PolicyWorker(load_config(cfg), 0, None)
@@ -245,9 +245,9 @@ def test_bad_inputs_exit_2_one_message_nothing_written(tiny_models: dict[str, Pa
 def test_full_disk_and_unusable_exchange(tiny_models: dict[str, Path], reward_module: Path,
                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     B = _bench()
-    from mutualrl.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
+    from mutualrl.run.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
     from mutualrl.cli import main
-    from mutualrl.worker import PolicyWorker
+    from mutualrl.run.worker import PolicyWorker
 
     orig = PolicyWorker.save
     calls = {"n": 0}
@@ -261,7 +261,7 @@ def test_full_disk_and_unusable_exchange(tiny_models: dict[str, Path], reward_mo
     monkeypatch.setattr(PolicyWorker, "save", full_disk)
     cfg_path = B.write_yaml(tmp_path / "c.yaml", B.run_config(tiny_models, 4))
     run = tmp_path / "run"
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     with pytest.raises(CheckpointError, match="disk is full.*last good checkpoint.*step_000002"):
         MutualTrainer(B.run_config(tiny_models, 4), run, progress=False).train()
@@ -302,7 +302,7 @@ def test_tied_embedding_checkpoint_round_trips_strictly(tiny_models: dict[str, P
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
-    from mutualrl.checkpoint import CheckpointError, load_module, save_module, tied_aliases
+    from mutualrl.run.checkpoint import CheckpointError, load_module, save_module, tied_aliases
 
     model = AutoModelForCausalLM.from_pretrained(tiny_models["tiny-llama"])
     assert tied_aliases(model) == {"lm_head.weight": "model.embed_tokens.weight"}

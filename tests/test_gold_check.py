@@ -12,7 +12,7 @@ import yaml
 
 from mutualrl.cli import main
 from mutualrl.errors import ConfigError
-from mutualrl.resolve import resolve
+from mutualrl.config.resolve import resolve
 from mutualrl.tasks.base import extract_answer
 from mutualrl.tasks.gold_check import ANSWER_IS_EXTRACTOR, GoldAnswerWarning
 
@@ -120,7 +120,7 @@ def test_the_cli_refuses_with_one_line_and_writes_nothing(tmp_path, capsys):
 
 def test_mutual_trainer_refuses_a_gsm8k_dataset_with_the_default_extractor_and_trains_with_the_fix(
         tiny_models, tmp_path):
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     ds = datasets.Dataset.from_list(_rows(gsm8k))
     cfg = {"policies": [{"name": "a", "model": str(tiny_models["tiny-gpt2"])}],

@@ -22,7 +22,7 @@ from mutualrl.allocation.local import LocalScheduler, child_visible_devices
 from mutualrl.allocation.placement import physical_gpu, place
 from mutualrl.allocation.planner import Allocation, Placement, Resources
 from mutualrl.config import GRPOOptions
-from mutualrl.resolve import WorkerSpec, resolve
+from mutualrl.config.resolve import WorkerSpec, resolve
 
 
 # ----------------------------------------------------------------------------- cuda / cuda:N
@@ -44,7 +44,7 @@ def test_plain_cuda_lets_the_plan_decide_and_cuda_n_pins(policy, run, planned, w
 
 def test_two_policies_on_plain_cuda_get_the_gpus_the_plan_gives_them(tiny_config, monkeypatch):
     """Before, ``device: cuda`` put every policy on GPU 0 whatever the plan said."""
-    from mutualrl import devices
+    from mutualrl.run import devices
 
     monkeypatch.setattr(devices, "cuda_count", lambda: 2)  # a config may name cuda: as if two GPUs were here
     cfg = {**tiny_config, "policies": [{**p, "device": "cuda"} for p in tiny_config["policies"]]}

@@ -11,9 +11,9 @@ import warnings
 import pytest
 import torch
 
-from mutualrl.engines import hf
-from mutualrl.engines.base import SamplingParams
-from mutualrl.engines.hf import HFEngine, close_enough
+from mutualrl.rollout.engines import hf
+from mutualrl.rollout.engines.base import SamplingParams
+from mutualrl.rollout.engines.hf import HFEngine, close_enough
 
 
 def _bf16():

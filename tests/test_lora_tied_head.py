@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from mutualrl.config import GenerationConfig, GRPOOptions, PeftConfig
-from mutualrl.modeling import check_lora_head, lora_tied_head
-from mutualrl.policy import Policy
+from mutualrl.rollout.modeling import check_lora_head, lora_tied_head
+from mutualrl.rollout.policy import Policy
 
 pytest.importorskip("peft")
 
@@ -60,7 +60,7 @@ def test_a_merged_export_of_an_adapter_on_a_tied_head_is_refused(tied):
     trained model's (shown here), so ``export --merge-lora`` refuses; an adapter elsewhere merges."""
     from peft import LoraConfig, get_peft_model
 
-    from mutualrl.export import ExportError, _check_mergeable
+    from mutualrl.export.model import ExportError, _check_mergeable
 
     def adapted(targets):
         model = get_peft_model(copy.deepcopy(tied), LoraConfig(r=2, lora_alpha=4, target_modules=targets,

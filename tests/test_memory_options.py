@@ -13,8 +13,8 @@ pytest.importorskip("peft")
 from mutualrl.algorithms.sharing import TrainBatch, TrainRow
 from mutualrl.algorithms.update import train_on_batch
 from mutualrl.config import GRPOOptions, PeftConfig
-from mutualrl.policy import Policy
-from mutualrl.trainer import MutualTrainer
+from mutualrl.rollout.policy import Policy
+from mutualrl.run.trainer import MutualTrainer
 
 Q = ["Calculate 12 + 34.", "Calculate 98 - 7."]
 
@@ -105,7 +105,7 @@ def test_retain_freed_memory_takes_effect_on_glibc_and_is_idempotent() -> None:
 
 def test_retain_freed_memory_is_a_checked_run_option() -> None:
     from mutualrl.errors import ConfigError
-    from mutualrl.resolve import load_config
+    from mutualrl.config.resolve import load_config
 
     base = {"policies": [{"name": "a", "model": "zoo:gpt2-add"}], "task": {"preset": "zoo"}}
     assert load_config(base, check_paths=False).retain_freed_memory is True
@@ -140,7 +140,7 @@ def test_a_run_leaves_the_callers_denormals_alone(tiny_config, tmp_path) -> None
 
 
 def load_run_option(name: str):
-    from mutualrl.resolve import load_config
+    from mutualrl.config.resolve import load_config
 
     base = {"policies": [{"name": "a", "model": "zoo:gpt2-add"}], "task": {"preset": "zoo"}}
     return getattr(load_config(base, check_paths=False), name)

@@ -11,7 +11,7 @@ import yaml
 from mutualrl.allocation import memory, memory_plan
 from mutualrl.cli import main
 from mutualrl.config import GRPOOptions
-from mutualrl.policy import Policy
+from mutualrl.rollout.policy import Policy
 
 
 def _shape(**kw) -> memory.ModelShape:
@@ -77,7 +77,7 @@ def test_a_plan_that_cannot_fit_exits_2_naming_the_policy_bytes_and_levers(tmp_p
     assert main(["plan", path]) == 2
     assert "policies[0].grpo.micro_batch_tokens" in capsys.readouterr().err
     with pytest.raises(memory.MemoryPlanError, match="big"):  # and a run is refused as the plan is
-        from mutualrl.trainer import MutualTrainer
+        from mutualrl.run.trainer import MutualTrainer
 
         MutualTrainer(path, tmp_path / "run", progress=False).train()
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -86,7 +86,7 @@ def test_a_plan_that_cannot_fit_exits_2_naming_the_policy_bytes_and_levers(tmp_p
 def test_the_plan_prints_each_policys_peak_and_gives_the_worker_its_budget(tmp_path, tiny_models, capsys):
     """``mutualrl plan`` prints every policy's predicted peak and budget (JSON too), and a worker built
     from the plan trains with the budget the plan resolved for ``auto``."""
-    from mutualrl.worker import PolicyWorker
+    from mutualrl.run.worker import PolicyWorker
 
     path = _config(tmp_path, str(tiny_models["tiny-gpt2"]))
     assert main(["plan", path]) == 0
@@ -98,7 +98,7 @@ def test_the_plan_prints_each_policys_peak_and_gives_the_worker_its_budget(tmp_p
     import dataclasses
 
     from mutualrl.allocation.placement import place_in_process
-    from mutualrl.resolve import resolve
+    from mutualrl.config.resolve import resolve
 
     placed = place_in_process(resolve(path, check_paths=False))
     assert placed.workers[0].micro_batch_tokens == mem["micro_batch_tokens"]
@@ -131,8 +131,8 @@ def test_a_resumed_auto_budget_is_the_runs_own_unless_it_no_longer_fits(tmp_path
     """The budget ``auto`` resolved is saved with the policy's state: a resume on a machine that gives
     as much memory continues with the same micro-batches (an exact resume); one that gives less keeps
     the plan's smaller budget and says so."""
-    from mutualrl.resolve import load_config
-    from mutualrl.worker import PolicyWorker
+    from mutualrl.config.resolve import load_config
+    from mutualrl.run.worker import PolicyWorker
 
     w = PolicyWorker(load_config(_config(tmp_path, str(tiny_models["tiny-gpt2"]))), 0)
     try:

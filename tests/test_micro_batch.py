@@ -11,7 +11,7 @@ from mutualrl.algorithms.registry import OWN, available_strategies
 from mutualrl.algorithms.sharing import TrainBatch, TrainRow, parse_strategy
 from mutualrl.algorithms.update import train_on_batch
 from mutualrl.config import GRPOOptions
-from mutualrl.policy import Policy
+from mutualrl.rollout.policy import Policy
 
 G = 4
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mutualrl.config import GRPOOptions
-from mutualrl.engines import dedupe_prompts
-from mutualrl.policy import Policy
+from mutualrl.rollout.engines import dedupe_prompts
+from mutualrl.rollout.policy import Policy
 
 
 def _policy(path, **kw) -> Policy:
@@ -73,7 +73,7 @@ def test_shared_prefix_sampling_matches(tiny_models, name) -> None:
 
 
 def test_bf16_on_cpu_without_native_bf16_warns(tiny_models, monkeypatch) -> None:
-    import mutualrl.policy as mp
+    import mutualrl.rollout.policy as mp
 
     monkeypatch.setattr(mp, "cpu_has_native_bf16", lambda: False)
     with pytest.warns(RuntimeWarning, match="bfloat16"):
@@ -89,7 +89,7 @@ def test_bf16_on_cpu_without_native_bf16_warns(tiny_models, monkeypatch) -> None
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("softcap", [None, 3.0])
 def test_blocked_logits_match_the_head(bias, softcap) -> None:
-    from mutualrl.engines.head import blocked_logits
+    from mutualrl.rollout.engines.head import blocked_logits
 
     torch.manual_seed(0)
     head = torch.nn.Linear(24, 1000, bias=bias)  # 1000 rows: the last block is partial
@@ -107,7 +107,7 @@ def test_blocked_logits_match_the_head(bias, softcap) -> None:
 def test_blocked_head_sampling_matches(tiny_models, name) -> None:
     """The engine's blocked LM head samples the same tokens with the same log-probs as the model's
     own forward, sampled and greedy."""
-    from mutualrl.engines import HFEngine, SamplingParams
+    from mutualrl.rollout.engines import HFEngine, SamplingParams
 
     pol = _policy(tiny_models[name])
     prompts = [pol.encode_prompt(q) for q in ["What is 12 + 34?", "What is 5 - 3?"]]
@@ -126,7 +126,7 @@ def test_blocked_head_sampling_matches(tiny_models, name) -> None:
 
 def test_blocked_head_falls_back_when_the_model_rescales_its_logits(tiny_models) -> None:
     """A model whose forward changes the head's output (here: halves it) keeps its own forward."""
-    from mutualrl.engines import HFEngine, SamplingParams
+    from mutualrl.rollout.engines import HFEngine, SamplingParams
 
     pol = _policy(tiny_models["tiny-llama"])
     model = pol.model
@@ -152,7 +152,7 @@ def test_blocked_head_falls_back_when_the_model_rescales_its_logits(tiny_models)
 def test_decode_mask_4d_matches_the_2d_mask(tiny_models, name) -> None:
     """Decoding with the 4D padding mask samples what the 2D mask samples (ragged, left-padded
     prompts), and the first call switches it on for an SDPA model."""
-    from mutualrl.engines import HFEngine, SamplingParams
+    from mutualrl.rollout.engines import HFEngine, SamplingParams
 
     pol = _policy(tiny_models[name])
     prompts = [pol.encode_prompt(q) for q in ["What is 12 + 34?", "5 - 3?", "What is 99 + 1 + 1?"]]
@@ -172,7 +172,7 @@ def test_decode_mask_4d_matches_the_2d_mask(tiny_models, name) -> None:
 def test_decode_mask_4d_not_used_where_it_is_not_the_same_mask(tiny_models) -> None:
     """Eager attention (an additive float mask) and a sliding window shorter than the sequence keep
     the 2D mask."""
-    from mutualrl.engines import HFEngine, SamplingParams
+    from mutualrl.rollout.engines import HFEngine, SamplingParams
 
     pol = _policy(tiny_models["tiny-llama"])
     eng = HFEngine(pol.model, pol.eos_ids, pol.pad_id, torch.Generator().manual_seed(5))
@@ -195,8 +195,8 @@ def test_packed_linears_sample_what_the_plain_layers_sample(tiny_models, name, b
     """Sampling through prepacked weights (MKL's and oneDNN's; GPT-2's Conv1D and Llama's Linear
     layers, the LM head too) draws the same tokens, with log-probs equal to float rounding, greedy
     and sampled; the layers' own forward is back afterwards and training is untouched."""
-    from mutualrl.engines import HFEngine, SamplingParams
-    from mutualrl.engines.packed import packable_linears, packed_linears, packing_available
+    from mutualrl.rollout.engines import HFEngine, SamplingParams
+    from mutualrl.rollout.engines.packed import packable_linears, packed_linears, packing_available
 
     if not packing_available(backend):
         pytest.skip(f"this torch build has no {backend} prepacked linear")
@@ -230,8 +230,8 @@ def test_packed_linears_sample_what_the_plain_layers_sample(tiny_models, name, b
 def test_packed_linears_fall_back_when_they_do_not_match(tiny_models, monkeypatch, backend) -> None:
     """A packed forward whose logits differ from the model's own is found on the first call and
     the engine keeps the plain layers (what it samples is the plain engine's)."""
-    import mutualrl.engines.packed as packed_mod
-    from mutualrl.engines import HFEngine, SamplingParams
+    import mutualrl.rollout.engines.packed as packed_mod
+    from mutualrl.rollout.engines import HFEngine, SamplingParams
 
     if not packed_mod.packing_available(backend):
         pytest.skip(f"this torch build has no {backend} prepacked linear")
@@ -254,7 +254,7 @@ def test_packed_linears_fall_back_when_they_do_not_match(tiny_models, monkeypatc
 def test_mkl_packing_is_bit_for_bit_the_plain_layer() -> None:
     """MKL's packed GEMM gives the plain layer's output: exactly on Intel CPUs (what lets it be
     their default), to float rounding elsewhere."""
-    from mutualrl.engines.packed import cpu_vendor, packed_linears, packing_available
+    from mutualrl.rollout.engines.packed import cpu_vendor, packed_linears, packing_available
 
     if not packing_available("mkl"):
         pytest.skip("this torch build has no MKL packed GEMM")
@@ -272,7 +272,7 @@ def test_mkl_packing_is_bit_for_bit_the_plain_layer() -> None:
 
 
 def test_default_backend_follows_the_cpu_vendor(monkeypatch) -> None:
-    import mutualrl.engines.packed as packed_mod
+    import mutualrl.rollout.engines.packed as packed_mod
 
     monkeypatch.setattr(packed_mod, "packing_available", lambda backend="onednn": True)
     monkeypatch.setattr(packed_mod, "cpu_vendor", lambda: "GenuineIntel")

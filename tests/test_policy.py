@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from mutualrl.config import GRPOOptions
-from mutualrl.engines.base import top_p_filter as _top_p_filter
-from mutualrl.policy import Policy
-from mutualrl.token_tensors import pack_right, right_mask
+from mutualrl.rollout.engines.base import top_p_filter as _top_p_filter
+from mutualrl.rollout.policy import Policy
+from mutualrl.rollout.token_tensors import pack_right, right_mask
 
 QUESTIONS = ["Calculate 12 + 34.", "Calculate 98 - 7 and then think about it for a while.", "1+1"]
 MODELS = ["tiny-gpt2", "tiny-llama"]

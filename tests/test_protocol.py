@@ -50,7 +50,7 @@ def test_no_warm_start_trains_on_a_test_or_validation_question(build_seed):
 
 
 def test_with_a_validation_split_the_test_split_is_read_once_at_the_end(tiny_config):
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     cfg = dict(tiny_config, steps=4, eval_every=2, eval_size=20, checkpoint_every=100,
                task={"preset": "zoo", "test_size": 20, "val_size": 20, "train_size": 400})
@@ -283,7 +283,7 @@ def test_the_real_model_studys_zero_shot_problems_are_none_of_its_test_questions
     import argparse
     from pathlib import Path
 
-    from mutualrl.resolve import resolve_task
+    from mutualrl.config.resolve import resolve_task
     from mutualrl.tasks.build import build_task
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))

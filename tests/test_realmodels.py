@@ -98,7 +98,7 @@ def test_missing_package_names_pip_command(tmp_cache: Path, monkeypatch: pytest.
 
 
 def test_bad_names_and_refs(tmp_cache: Path) -> None:
-    from mutualrl.modelref import ModelRef, ModelRefError
+    from mutualrl.config.modelref import ModelRef, ModelRefError
 
     assert ModelRef.parse("HuggingFaceTB/SmolLM2-135M") == ModelRef("hub", "HuggingFaceTB/SmolLM2-135M")
     assert ModelRef.parse("./some/dir").kind == "dir"
@@ -132,7 +132,7 @@ def test_prepare_smollm2_then_offline_generation() -> None:
     stamps = {p: p.stat().st_mtime_ns for p in directory.iterdir()}
     assert rm.prepare("smollm2") == directory  # idempotent: nothing is written again
     assert {p: p.stat().st_mtime_ns for p in directory.iterdir()} == stamps
-    from mutualrl.modelref import ModelRef
+    from mutualrl.config.modelref import ModelRef
 
     assert ModelRef.parse("real:smollm2").resolve(progress=False) == str(directory)
     assert (directory / "model.safetensors").is_file() and (directory / "chat_template.jinja").is_file()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mutualrl.report import load_run, summarize, write_report
+from mutualrl.study.report import load_run, summarize, write_report
 
 
 def _run(root: Path, strategy: str, seed: int, final: dict[str, dict[str, float]], rescue: int = 0,
@@ -70,7 +70,7 @@ def test_report_numbers_per_skill_table_and_figure(tmp_path):
 def test_a_policy_whose_skills_start_equal_has_no_own_skill_to_lose(tmp_path):
     """Gemma-3 on the real-model study starts at 1.5 % on both types: the transfer table names its
     weak skill and no own-skill cost, instead of calling the same type both."""
-    from mutualrl.report import own_and_weak, transfer_section
+    from mutualrl.study.report import own_and_weak, transfer_section
 
     runs = [_run(tmp_path, "independent", 0, {"a": {"add": 0.6, "sub": 0.0}, "b": {"add": 0.1, "sub": 0.7}}),
             _run(tmp_path, "sgt", 0, {"a": {"add": 0.6, "sub": 0.4}, "b": {"add": 0.3, "sub": 0.7}})]
@@ -92,7 +92,7 @@ def test_a_policy_whose_skills_start_equal_has_no_own_skill_to_lose(tmp_path):
 def test_the_report_leads_with_the_peers_share_chosen_on_validation(tmp_path):
     """Sharing arms against single-model arms: each side's best by validation, the difference on test,
     paired per seed, with the t interval; an arm's label comes from its arm.json."""
-    from mutualrl.report import share_of_peers
+    from mutualrl.study.report import share_of_peers
 
     runs = []
     for seed, (ind, ctrl, shr) in enumerate([(0.30, 0.34, 0.40), (0.32, 0.35, 0.43), (0.31, 0.33, 0.41)]):

@@ -12,7 +12,7 @@ import yaml
 
 from mutualrl.cli import main
 from mutualrl.errors import ConfigError
-from mutualrl.resolve import RunPlan, apply_overrides, parse_overrides, resolve, resolve_run
+from mutualrl.config.resolve import RunPlan, apply_overrides, parse_overrides, resolve, resolve_run
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_a_plan_crosses_a_process_boundary_as_json(tiny_config):
 
 
 def test_a_resolved_config_is_immutable_all_the_way_down(tiny_config):
-    from mutualrl.schema import FrozenError
+    from mutualrl.config.schema import FrozenError
 
     plan = resolve(tiny_config)
     cfg = plan.config

@@ -12,9 +12,9 @@ from _stop import _Stop, _StopAfterStep3
 
 from mutualrl.cli import main
 from mutualrl.errors import ConfigError
-from mutualrl.resolve import resolve_run
-from mutualrl.resume import resumes
-from mutualrl.trainer import MutualTrainer
+from mutualrl.config.resolve import resolve_run
+from mutualrl.run.resume import resumes
+from mutualrl.run.trainer import MutualTrainer
 
 
 def _config(tiny_models, **grpo) -> dict:

@@ -14,7 +14,7 @@ import mutualrl.allocation as allocation_pkg
 from mutualrl.allocation.base import Scheduler, SequentialScheduler, Venue
 from mutualrl.allocation.planner import Allocation, Placement, Resources
 from mutualrl.allocation.run_placement import launch
-from mutualrl.resolve import resolve
+from mutualrl.config.resolve import resolve
 
 
 class _Recording(Scheduler):

@@ -11,8 +11,8 @@ import signal
 import pytest
 
 from mutualrl.allocation import WorkerFailed
-from mutualrl.resolve import load_config
-from mutualrl.trainer import MutualTrainer
+from mutualrl.config.resolve import load_config
+from mutualrl.run.trainer import MutualTrainer
 
 
 def _local():

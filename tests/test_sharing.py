@@ -23,7 +23,7 @@ from mutualrl.algorithms.strategies.prp import PRPSettings, chunk_weights
 from mutualrl.algorithms.update import train_on_batch
 from mutualrl.config import GRPOOptions
 from mutualrl.experience import Rollout, VerifiedSuccess
-from mutualrl.legacy import LEGACY_SHARING
+from mutualrl.config.legacy import LEGACY_SHARING
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -309,7 +309,7 @@ def test_chunk_weights_are_truncated_chunk_ratios():
 # ----------------------------------------------------------------------------- the update
 @pytest.fixture(scope="module")
 def gpt2_policy(tiny_models):
-    from mutualrl.policy import Policy
+    from mutualrl.rollout.policy import Policy
 
     return Policy("a", str(tiny_models["tiny-gpt2"]),
                   GRPOOptions(num_generations=2, max_completion_length=12, learning_rate=3e-2), seed=0)
@@ -366,7 +366,7 @@ def test_own_rows_logprob_mismatch_is_zero_at_first_iteration(gpt2_policy):
 # ----------------------------------------------------------------------------- THL peer traces -> PRP weights
 @pytest.fixture(scope="module")
 def llama_policy(tiny_models):
-    from mutualrl.policy import Policy
+    from mutualrl.rollout.policy import Policy
 
     return Policy("b", str(tiny_models["tiny-llama"]), GRPOOptions(num_generations=2, max_completion_length=12),
                   seed=1)
@@ -433,7 +433,7 @@ def test_peer_trace_noncanonical_ids_become_one_sequence_chunk(gpt2_policy, llam
 def test_update_with_several_iterations_and_kl(tiny_models):
     """num_iterations reuses the stored old log-probs: the second iteration sees ratios != 1 and a
     positive KL to the frozen reference."""
-    from mutualrl.policy import Policy
+    from mutualrl.rollout.policy import Policy
 
     pol = Policy("k", str(tiny_models["tiny-gpt2"]),
                  GRPOOptions(num_generations=4, max_completion_length=5, learning_rate=5e-2, beta=0.1,
@@ -460,7 +460,7 @@ def _probe_outcomes(ctx, batch):
 
 
 def test_a_registered_step_receives_exactly_the_kinds_it_declares(tiny_config):
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     cfg = dict(tiny_config, steps=2, eval_every=100, checkpoint_every=100,
                sharing={"strategy": "probe_outcomes"})

@@ -33,8 +33,8 @@ from mutualrl.algorithms.sharing import (
 )
 from mutualrl.config import GRPOOptions
 from mutualrl.errors import ConfigError
-from mutualrl.resolve import load_config
-from mutualrl.schema import bounded
+from mutualrl.config.resolve import load_config
+from mutualrl.config.schema import bounded
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mutualrl"
 
@@ -46,7 +46,7 @@ def test_update_and_worker_name_no_strategy_and_no_row_kind():
     sharing setting of earlier releases."""
     names = set(available_strategies()) - {"independent"}
     kinds = {k for n in names for k in parse_strategy(n).kinds()} - {"own"}
-    for f in ("algorithms/update.py", "worker.py"):
+    for f in ("algorithms/update.py", "run/worker.py"):
         text = (PACKAGE / f).read_text()
         words = [w for w in sorted(names) if re.search(rf"(?<![A-Za-z_]){w}(?![A-Za-z_])", text)]
         literals = [w for w in sorted(names | kinds | {"independent", "own"}) if re.search(rf"[\"']{w}[\"']", text)]
@@ -84,7 +84,7 @@ def _repeat_best(ctx, batch, s):
 def test_a_new_step_with_a_new_loss_is_one_module_and_one_registry_line(tiny_config):
     """The docs' "a step of your own": a new loss term and a step that declares its rows, settings
     and optimizer phase train through the unchanged update and worker."""
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     cfg = dict(tiny_config, steps=2, eval_every=100, checkpoint_every=100, scheduler="sequential", threads=1,
                policies=[{"name": "g", "model": "zoo:gpt2-add"}, {"name": "l", "model": "zoo:llama-sub"}],
@@ -246,7 +246,7 @@ def test_imitate_own_extra_rows_are_the_controls_rows_under_imitates_kind(task):
 def test_user_steps_register_in_worker_processes_through_sharing_modules(tiny_config, tmp_path, monkeypatch):
     """A step registered in the user's own module runs under the local scheduler: every worker
     process imports ``sharing.modules`` before it parses the strategy."""
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     (tmp_path / "my_steps_mod.py").write_text(
         "from mutualrl.algorithms.sharing import register_strategy\n"
@@ -327,7 +327,7 @@ def test_earlier_own_rows_without_replay_steps_are_refused_naming_the_field(tiny
     """Earlier own successes come from the last ``replay_steps`` steps: asking for them with none is
     refused at load time, naming the field and the fix, instead of silently adding nothing."""
     from mutualrl.errors import ConfigError
-    from mutualrl.resolve import load_config
+    from mutualrl.config.resolve import load_config
 
     strategy = next(iter(block))
     with pytest.raises(ConfigError) as exc:

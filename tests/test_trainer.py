@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mutualrl.resolve import load_config
-from mutualrl.trainer import MutualTrainer, latest_checkpoint
+from mutualrl.config.resolve import load_config
+from mutualrl.run.trainer import MutualTrainer, latest_checkpoint
 
 STRATEGY_KEYS = {
     "independent": [],

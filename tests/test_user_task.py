@@ -48,7 +48,7 @@ OPTIONS = {"alias": "train", "answer_extractor": "####", "verifier": "exact"}
 
 
 def test_a_dataset_trains_the_same_through_the_config_and_through_mutual_trainer(tiny_models, gsm8k_dir, tmp_path):
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     path_route = _config(tiny_models, datasets=[{"dataset": str(gsm8k_dir), **OPTIONS}],
                          reward_functions=[f"{__name__}:length_bonus"])
@@ -76,7 +76,7 @@ def test_a_dataset_trains_the_same_through_the_config_and_through_mutual_trainer
 
 def test_a_lambda_reward_needs_the_sequential_scheduler(tiny_models, gsm8k_dir):
     from mutualrl.errors import ConfigError
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     ds = datasets.load_from_disk(str(gsm8k_dir))
     with pytest.raises(ConfigError, match=r"reward_funcs\[0\].*importable module"):
@@ -135,7 +135,7 @@ def test_conversational_rows_use_the_last_user_turn(tmp_path):
 
 # ------------------------------------------------------------------ tracking
 def _tracked_run(tiny_models, tmp_path, report_to):
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     cfg = dict(_config(tiny_models, preset="zoo"), report_to=report_to, run_name="tracked")
     MutualTrainer(cfg, tmp_path / "run", progress=False).train()
@@ -170,7 +170,7 @@ def test_trackio_run_is_written(tiny_models, tmp_path, monkeypatch):
 
 def test_report_to_errors_name_the_field(tiny_models):
     from mutualrl.errors import ConfigError
-    from mutualrl.resolve import load_config
+    from mutualrl.config.resolve import load_config
 
     with pytest.raises(ConfigError, match=r"'report_to'.*comet") as info:
         load_config(dict(_config(tiny_models, preset="zoo"), report_to=["wandb", "comet"]))
@@ -222,7 +222,7 @@ def test_an_empty_split_is_refused_naming_it(tiny_models):
     from mutualrl.errors import ConfigError
     from mutualrl.tasks.hf import DatasetSource
     from mutualrl.tasks.rows import SourceFieldError
-    from mutualrl.trainer import MutualTrainer
+    from mutualrl.run.trainer import MutualTrainer
 
     empty = datasets.Dataset.from_dict({"question": [], "answer": []})
     full = datasets.Dataset.from_list(_gsm8k_rows())

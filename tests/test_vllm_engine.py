@@ -15,11 +15,11 @@ pytest.importorskip("vllm")
 from _stop import _Stop, _StopAfterStep2
 
 from mutualrl.config import GenerationConfig, GRPOOptions
-from mutualrl.engines import SamplingParams
-from mutualrl.engines.hf import HFEngine
-from mutualrl.policy import Policy
-from mutualrl.token_tensors import pack_right, right_mask
-from mutualrl.trainer import MutualTrainer
+from mutualrl.rollout.engines import SamplingParams
+from mutualrl.rollout.engines.hf import HFEngine
+from mutualrl.rollout.policy import Policy
+from mutualrl.rollout.token_tensors import pack_right, right_mask
+from mutualrl.run.trainer import MutualTrainer
 
 QUESTIONS = ["Calculate 54 - 23.", "Calculate 1 + 2.", "Calculate 98 + 7."]
 
@@ -153,7 +153,7 @@ def test_each_rank_of_a_two_rank_policy_samples_with_vllm_at_the_updated_weights
 def test_the_engine_puts_back_torchs_own_thread_setter_even_after_another_llm_patched_it(monkeypatch):
     """A ``vllm.LLM`` made elsewhere in the process (an export check, a user's own) leaves its no-op
     behind; the next engine must not save and restore that no-op as if it were torch's."""
-    from mutualrl.engines.vllm import process_state_kept
+    from mutualrl.rollout.engines.vllm import process_state_kept
 
     before = torch.get_num_threads()
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # what vLLM's CPU worker installs

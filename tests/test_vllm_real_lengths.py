@@ -23,8 +23,8 @@ import torch
 pytest.importorskip("vllm")
 
 from mutualrl.config import GenerationConfig, GRPOOptions
-from mutualrl.policy import Policy
-from mutualrl.token_tensors import pack_right, right_mask
+from mutualrl.rollout.policy import Policy
+from mutualrl.rollout.token_tensors import pack_right, right_mask
 
 BLOCK = 128
 """vLLM's KV block size on CPU (16 on a GPU): the prefix cache reuses whole blocks."""
@@ -81,7 +81,7 @@ def test_lora_sync_streams_every_module_holding_an_adapted_layer_whole(tiny_mode
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from mutualrl.engines.vllm import lora_sync_weights
+    from mutualrl.rollout.engines.vllm import lora_sync_weights
 
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_models["tiny-llama"]),
                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
@@ -175,7 +175,7 @@ def _fake_policy(device: str):
 def fake_llm(monkeypatch, tmp_path):
     import vllm
 
-    from mutualrl.engines import vllm as engine_mod
+    from mutualrl.rollout.engines import vllm as engine_mod
 
     monkeypatch.setattr(vllm, "LLM", _FakeLLM)
     monkeypatch.setenv(engine_mod.LOCK_DIR_ENV, str(tmp_path / "locks"))
@@ -210,9 +210,9 @@ def test_co_located_engines_on_a_gpu_start_one_at_a_time(fake_llm, monkeypatch):
 
 def test_the_start_lock_serialises_processes(tmp_path):
     """The lock is an flock on a file: it holds across processes too (a child waits for it)."""
-    from mutualrl.engines.vllm import engine_start_lock
+    from mutualrl.rollout.engines.vllm import engine_start_lock
 
-    code = ("import sys, time; from mutualrl.engines.vllm import engine_start_lock\n"
+    code = ("import sys, time; from mutualrl.rollout.engines.vllm import engine_start_lock\n"
             "with engine_start_lock('gpu-x', sys.argv[1]): print(time.time(), flush=True)")
     with engine_start_lock("gpu-x", tmp_path):
         held = time.time()
@@ -245,7 +245,7 @@ def test_sleep_and_wake_are_no_ops_without_sleep_mode_and_wrap_the_update_with_i
 
 
 def test_sleep_mode_is_off_on_the_cpu_and_when_switched_off(monkeypatch):
-    from mutualrl.engines.vllm import SLEEP_ENV, sleep_mode_available
+    from mutualrl.rollout.engines.vllm import SLEEP_ENV, sleep_mode_available
 
     assert not sleep_mode_available(torch.device("cpu"))
     monkeypatch.setenv(SLEEP_ENV, "0")
@@ -253,7 +253,7 @@ def test_sleep_mode_is_off_on_the_cpu_and_when_switched_off(monkeypatch):
 
 
 def test_a_vllm_without_reload_weights_iterator_is_refused_naming_the_versions(fake_llm, monkeypatch):
-    from mutualrl.engines.vllm import TESTED_VLLM, reload_api_error
+    from mutualrl.rollout.engines.vllm import TESTED_VLLM, reload_api_error
 
     assert reload_api_error(["weights_iterator", "weights_path"], "0.32.0") is None
     for params in (None, ["self"]):
@@ -265,7 +265,7 @@ def test_a_vllm_without_reload_weights_iterator_is_refused_naming_the_versions(f
 
 
 def test_pyproject_pins_the_tested_vllm():
-    from mutualrl.engines.vllm import TESTED_VLLM
+    from mutualrl.rollout.engines.vllm import TESTED_VLLM
 
     extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]

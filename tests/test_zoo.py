@@ -281,7 +281,7 @@ def test_zoo_build_for_a_user_task_file(tmp_path, monkeypatch):
         task_specs(path)
     assert info.value.field == "task.datasets[0]"
     # the Python API refuses the same task before it trains or writes anything
-    from mutualrl.resolve import resolve_task
+    from mutualrl.config.resolve import resolve_task
     from mutualrl.tasks.build import build_task
     from mutualrl.zoo.sft import TooFewProblems
 

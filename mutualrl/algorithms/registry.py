@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from mutualrl.algorithms.losses import LossTerm, loss_term
 from mutualrl.experience import KINDS
-from mutualrl.schema import build, check_bounds
+from mutualrl.config.schema import build, check_bounds
 
 if TYPE_CHECKING:
     import torch
@@ -152,7 +152,7 @@ def register_strategy(name: str, *, settings: type | None = None, rows: Mapping[
                       peer_rollouts: Callable[[Any], int] | None = None) -> Callable[[StrategyFn], StrategyFn]:
     """Register a strategy step under ``name`` (usable in ``sharing.strategy``, chained with '+').
 
-    ``settings`` is a dataclass (fields made with :func:`mutualrl.schema.bounded`) read from the
+    ``settings`` is a dataclass (fields made with :func:`mutualrl.config.schema.bounded`) read from the
     config's ``sharing.<name>:`` block; the step is then called as ``fn(ctx, batch, settings)``.
     ``rows`` maps each row kind the step adds to its :class:`RowKind` (a kind belongs to one step).
     A name can be registered once; a second registration raises ``ValueError``.

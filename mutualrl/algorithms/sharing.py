@@ -224,7 +224,7 @@ class ShareContext:
     """How many data-parallel ranks share the policy's step (``policies[i].workers``): the groups
     here are this rank's part of the step's prompts."""
     sum_over_ranks: Callable[[Sequence[float]], list[float]] | None = None
-    """Element-wise sum over the ranks (:meth:`~mutualrl.distributed.RankGroup.sum`; None: one rank)."""
+    """Element-wise sum over the ranks (:meth:`~mutualrl.run.distributed.RankGroup.sum`; None: one rank)."""
 
     def rank_share(self, per_step: int) -> int:
         """This rank's part of a per-step cap (``max_rows``, ``match_tokens``): the cap over the

@@ -10,7 +10,7 @@ phase one forward pass serves every row (they share prompts), each kind's term i
 counts of the whole batch (:class:`~mutualrl.algorithms.losses.BatchCounts`), and the terms are
 summed.
 
-A policy trained by several data-parallel ranks (:class:`~mutualrl.distributed.RankGroup`) passes
+A policy trained by several data-parallel ranks (:class:`~mutualrl.run.distributed.RankGroup`) passes
 its group as ``ranks``: the counts are summed over the ranks, every rank takes every phase that
 has rows on any rank (a rank without rows contributes a zero gradient), and the gradients are
 summed before clipping, so each rank takes the optimizer step a single worker takes on the whole
@@ -33,10 +33,10 @@ from mutualrl.algorithms.micro_batch import MicroBatch, StatMerger, split_micro_
 from mutualrl.algorithms.registry import OWN, POLICY_PHASE, BoundKind
 from mutualrl.algorithms.sharing import TrainBatch, TrainRow
 from mutualrl.allocation.memory import SavedBytes
-from mutualrl.distributed import RankGroup
-from mutualrl.fsdp import full_value
-from mutualrl.policy import Policy
-from mutualrl.token_tensors import pack_right, right_mask
+from mutualrl.run.distributed import RankGroup
+from mutualrl.run.fsdp import full_value
+from mutualrl.rollout.policy import Policy
+from mutualrl.rollout.token_tensors import pack_right, right_mask
 
 
 def mismatch_stats(logp: torch.Tensor, behavior: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

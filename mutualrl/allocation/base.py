@@ -1,6 +1,6 @@
 """The scheduler protocol: where policy workers live and how the controller calls them.
 
-A scheduler owns K :class:`~mutualrl.worker.PolicyWorker` instances (in this process, in
+A scheduler owns K :class:`~mutualrl.run.worker.PolicyWorker` instances (in this process, in
 subprocesses, or as Ray actors) and calls the same method on all of them for each phase of a
 step. Only JSON-able values cross the boundary (step numbers in, metric dicts out).
 """
@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mutualrl.worker_api import WorkerMethod, remote_name
+from mutualrl.run.worker_api import WorkerMethod, remote_name
 
 if TYPE_CHECKING:
     from mutualrl.allocation.planner import Allocation, Resources
     from mutualrl.config import RunConfig
-    from mutualrl.resolve import RunPlan
+    from mutualrl.config.resolve import RunPlan
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class Scheduler(ABC):
         return None
 
     def call(self, method: WorkerMethod | str, *args: Any) -> list[Any]:
-        """Call ``method(*args)`` (a :class:`~mutualrl.worker_api.WorkerAPI` method) on every worker,
+        """Call ``method(*args)`` (a :class:`~mutualrl.run.worker_api.WorkerAPI` method) on every worker,
         concurrently where possible; the results in policy order."""
         return self._call(remote_name(method), *args)
 
@@ -159,7 +159,7 @@ class SequentialScheduler(Scheduler):
     def start(self, plan: RunPlan, run_dir: Path | None) -> list[dict[str, Any]]:
         import torch
 
-        from mutualrl.worker import PolicyWorker
+        from mutualrl.run.worker import PolicyWorker
 
         require_placed(plan, self.name)
         threads = plan.workers[0].threads if plan.workers else None

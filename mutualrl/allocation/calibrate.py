@@ -36,9 +36,9 @@ from mutualrl.allocation.local import LocalScheduler
 from mutualrl.allocation.placement import exchange_url, place
 from mutualrl.allocation.planner import Allocation
 from mutualrl.config import RunConfig
-from mutualrl.resolve import plan_of
-from mutualrl.worker import PolicyWorker
-from mutualrl.worker_api import WorkerAPI
+from mutualrl.config.resolve import plan_of
+from mutualrl.run.worker import PolicyWorker
+from mutualrl.run.worker_api import WorkerAPI
 
 
 def calibrate_in_workers(cfg: RunConfig, costs: CostModel, allocation: Allocation, *, steps: int = 3,

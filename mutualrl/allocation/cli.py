@@ -36,7 +36,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from mutualrl.allocation.cost import CostModel, estimate_parameters
     from mutualrl.allocation.placement import memory_entries, place
     from mutualrl.allocation.planner import Resources, plan
-    from mutualrl.resolve import resolve
+    from mutualrl.config.resolve import resolve
 
     run_plan = resolve(args.config, check_paths=False)
     cfg = run_plan.config

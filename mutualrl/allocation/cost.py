@@ -31,7 +31,7 @@ from mutualrl import zoo
 from mutualrl.algorithms.sharing import parse_strategy
 from mutualrl.allocation.data_parallel import CPU_ALLREDUCE_GB_S, allreduce_seconds, lora_params
 from mutualrl.config import RunConfig
-from mutualrl.modelref import ModelRef
+from mutualrl.config.modelref import ModelRef
 
 PRIOR_CORE_S_PER_FLOP = 1.0e-10
 """Prior: 10 GFLOP/s per CPU core, before any measurement."""

@@ -10,7 +10,7 @@ metric dicts.
 
 A policy with ``workers: N`` gets N processes, its ranks (:mod:`mutualrl.allocation.ranks`): a call
 on the policy goes to all of them, their replies are merged into one, and they meet through a
-``TCPStore`` this scheduler serves on the loopback interface (:mod:`mutualrl.distributed`). A rank
+``TCPStore`` this scheduler serves on the loopback interface (:mod:`mutualrl.run.distributed`). A rank
 that dies or hangs fails the call naming the policy and the rank.
 """
 
@@ -33,9 +33,9 @@ from mutualrl.allocation.gpu_memory import allocator_env
 from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
 from mutualrl.config import RunConfig
-from mutualrl.distributed import lagging_rank, serve_store
-from mutualrl.resolve import RunPlan
-from mutualrl.worker_api import WorkerAPI
+from mutualrl.run.distributed import lagging_rank, serve_store
+from mutualrl.config.resolve import RunPlan
+from mutualrl.run.worker_api import WorkerAPI
 
 
 def child_visible_devices(gpu: int, parent: str | None) -> str:
@@ -342,7 +342,7 @@ class LocalScheduler(Scheduler):
     def _culprit(self, p: _Proc, wait_s: float = 5.0) -> _Proc:
         """Of ``p``'s policy's ranks, the one to blame when ``p`` failed or hung: a rank whose process
         died (given ``wait_s`` to show it), else the rank behind the others in the collectives they
-        reach (:func:`~mutualrl.distributed.progress`), else ``p`` itself."""
+        reach (:func:`~mutualrl.run.distributed.progress`), else ``p`` itself."""
         i = self.layout.policy_of(p.index)
         ranks = [self.procs[w] for w in self.layout.members[i]]
         if len(ranks) == 1:

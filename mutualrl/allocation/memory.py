@@ -371,7 +371,7 @@ def measure_activation_bytes(policy: Any, prompt_len: int, completion_len: int, 
                              ) -> float:
     """Bytes per forward token an update's forward keeps for its backward, measured on ``policy``:
     two probes of one prompt with ``rows`` completions of the given lengths (random tokens), each a
-    training forward of :meth:`~mutualrl.policy.Policy.logprobs` whose saved tensors autograd
+    training forward of :meth:`~mutualrl.rollout.policy.Policy.logprobs` whose saved tensors autograd
     reports (``saved_tensors_hooks``; every storage counted once, the weights left out); the slope
     of the two totals over their forward tokens. Deterministic and the same on every device; no
     backward is run and no gradient is left."""

@@ -24,7 +24,7 @@ from mutualrl.allocation.memory import (
     group_tokens,
     price,
 )
-from mutualrl.modelref import ModelRef
+from mutualrl.config.modelref import ModelRef
 
 VLLM_SLACK = 0.9
 """A derived vLLM share takes this much of what training leaves the worker (the rest: the allocator's
@@ -122,7 +122,7 @@ def plan_memory(plan: Any, gpu_bytes: list[int | None], ranks: list[int], concur
     ``gpu_ids``: which GPU each is on; ``act_bytes_per_token``: measurements (calibration) per
     policy. A policy whose shape is unknown offline (a hub id not in the cache) is not priced: its
     worker resolves ``auto`` against its loaded model. Raises :class:`MemoryPlanError` for the first
-    policy that cannot fit, naming the levers. ``plan``: a :class:`~mutualrl.resolve.RunPlan` (each
+    policy that cannot fit, naming the levers. ``plan``: a :class:`~mutualrl.config.resolve.RunPlan` (each
     policy's effective options are its first worker's)."""
     cfg = plan.config
     k = len(cfg.policies)

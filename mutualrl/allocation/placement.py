@@ -1,7 +1,7 @@
 """One placement step: from a resolved plan, an MWRA allocation and a backend to a placed plan.
 
 Every decision of where a worker runs is taken here and written into its
-:class:`~mutualrl.resolve.WorkerSpec`: the device it computes on (as the worker itself names it),
+:class:`~mutualrl.config.resolve.WorkerSpec`: the device it computes on (as the worker itself names it),
 the physical GPU its process is given (``CUDA_VISIBLE_DEVICES``), its share of that GPU, its torch
 threads and CPU priority, its Ray node and core share, and the exchange URL it opens. Schedulers
 realise a placed plan and decide nothing; a worker reads its spec and decides nothing.
@@ -25,7 +25,7 @@ from mutualrl.allocation.memory_plan import PolicyMemory, plan_memory
 from mutualrl.allocation.planner import Allocation, Placement, Resources, plan_for
 from mutualrl.config import RunConfig
 from mutualrl.exchange.url import ExchangeURL
-from mutualrl.resolve import RunPlan, WorkerSpec
+from mutualrl.config.resolve import RunPlan, WorkerSpec
 
 BACKENDS: tuple[str, ...] = ("sequential", "local", "ray")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mutualrl.resolve import RunPlan
+    from mutualrl.config.resolve import RunPlan
 
 FIRST_KEYS: frozenset[str] = frozenset({"resample_rounds", "learning_rate", "lr", "micro_batch_tokens"})
 """Metrics every rank reports alike (decided together): the first rank's is kept."""

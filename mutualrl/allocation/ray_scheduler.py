@@ -12,7 +12,7 @@ has the ``step_timeout_s`` deadline; a dead actor or a late answer raises
 
 A policy with ``workers: N`` is N actors, its ranks, in one placement group of N bundles (``PACK``:
 on one node when it fits, spread otherwise); they meet through a ``TCPStore`` served by the driver
-on its node's address (:mod:`mutualrl.distributed`), and a call on the policy goes to every rank
+on its node's address (:mod:`mutualrl.run.distributed`), and a call on the policy goes to every rank
 (:mod:`mutualrl.allocation.ranks`).
 """
 
@@ -32,16 +32,16 @@ from mutualrl.allocation.gpu_memory import allocator_env
 from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
 from mutualrl.config import RunConfig
-from mutualrl.distributed import lagging_rank, serve_store
+from mutualrl.run.distributed import lagging_rank, serve_store
 from mutualrl.errors import UserError
 from mutualrl.exchange import open_exchange
-from mutualrl.resolve import RunPlan, WorkerSpec
-from mutualrl.worker import PolicyWorker
-from mutualrl.worker_api import WorkerAPI, remote_name
+from mutualrl.config.resolve import RunPlan, WorkerSpec
+from mutualrl.run.worker import PolicyWorker
+from mutualrl.run.worker_api import WorkerAPI, remote_name
 
 
 class RayPolicyWorker:
-    """The actor body: a :class:`~mutualrl.worker.PolicyWorker` behind a JSON-text interface."""
+    """The actor body: a :class:`~mutualrl.run.worker.PolicyWorker` behind a JSON-text interface."""
 
     def __init__(self, plan_json: str, index: int, run_dir: str | None, rank: int = 0) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -352,7 +352,7 @@ class RayScheduler(Scheduler):
 
     def _behind(self, worker: int) -> int:
         """Of ``worker``'s policy's ranks, the one behind the others in the collectives they reach
-        (:func:`~mutualrl.distributed.progress`): the rank the others wait for; ``worker`` itself when
+        (:func:`~mutualrl.run.distributed.progress`): the rank the others wait for; ``worker`` itself when
         none is behind or the policy has one rank."""
         i = self.layout.policy_of(worker)
         ranks = self.layout.members[i]

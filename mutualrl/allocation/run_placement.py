@@ -20,14 +20,14 @@ from mutualrl.allocation.adaptive import AdaptivePlan
 from mutualrl.allocation.base import Scheduler, Venue
 from mutualrl.allocation.placement import exchange_url, place
 from mutualrl.allocation.planner import Allocation, plan_for
-from mutualrl.resolve import RunPlan
+from mutualrl.config.resolve import RunPlan
 
 
 class RunPlacement:
     """A run's placed plan, the MWRA state it came from and the scheduler realising it.
 
     Attributes:
-        plan: the placed :class:`~mutualrl.resolve.RunPlan` in force.
+        plan: the placed :class:`~mutualrl.config.resolve.RunPlan` in force.
         mwra: the allocation, its calibration and its history (``allocation.json``).
         venue: what the scheduler offered.
         infos: each started worker's ``info()``.

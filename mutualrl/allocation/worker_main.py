@@ -4,9 +4,9 @@ Protocol: one JSON object per line. The controller writes ``{"id": n, "method": 
 to the process's stdin; the worker answers on its stdout with ``{"id": n, "ok": true, "result": ...}``
 (plus ``wall_s`` and ``cpu_s``, the call's wall time and the CPU time of all the process's threads)
 or ``{"id": n, "ok": false, "error": "...", "traceback": "..."}``. Nothing is pickled. Special
-methods: ``__init__`` (the placed :class:`~mutualrl.resolve.RunPlan` as a dict, policy index, run_dir,
+methods: ``__init__`` (the placed :class:`~mutualrl.config.resolve.RunPlan` as a dict, policy index, run_dir,
 rank) creates the
-:class:`~mutualrl.worker.PolicyWorker`; ``__nice__`` changes the CPU priority of all its threads;
+:class:`~mutualrl.run.worker.PolicyWorker`; ``__nice__`` changes the CPU priority of all its threads;
 ``__exit__`` ends the loop. Anything the libraries print goes to stderr (the worker's log), so the
 protocol stream stays clean. The worker exits when its stdin closes (the controller is gone).
 
@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any
 
-from mutualrl.worker_api import remote_name
+from mutualrl.run.worker_api import remote_name
 
 
 def set_nice(level: int) -> int:
@@ -44,8 +44,8 @@ class _Loop:
     def init(self, plan: dict[str, Any], index: int, run_dir: str | None, rank: int = 0) -> dict[str, Any]:
         import torch
 
-        from mutualrl.resolve import RunPlan
-        from mutualrl.worker import PolicyWorker
+        from mutualrl.config.resolve import RunPlan
+        from mutualrl.run.worker import PolicyWorker
 
         run_plan = RunPlan.from_dict(plan)  # resolved and placed by the controller: nothing is decided here
         spec = run_plan.spec(index, rank)

@@ -40,7 +40,7 @@ from mutualrl.experience import (
     StoredRow,
     to_row,
 )
-from mutualrl.faults import fault_point  # crash-test hook: inert unless MUTUALRL_FAULT_POINT=publish:<n>
+from mutualrl.run.faults import fault_point  # crash-test hook: inert unless MUTUALRL_FAULT_POINT=publish:<n>
 
 DB_SCHEMA_VERSION = 2
 """Schema of new files. Files of schema 1 (``record_id UNIQUE`` and a ``(prompt_id, version)``

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from mutualrl.errors import UserError
 from mutualrl.paths import cache_root
-from mutualrl.quiet import quiet_transformers
+from mutualrl.run.quiet import quiet_transformers
 from mutualrl.realmodels.gguf import gguf_path
 from mutualrl.realmodels.specs import _FORMAT, MANIFEST, PRESETS, _spec
 from mutualrl.realmodels.staging import _complete, _staging

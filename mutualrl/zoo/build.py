@@ -25,8 +25,8 @@ import torch
 
 from mutualrl.denormals import denormals_kept
 from mutualrl.paths import cache_root as _cache_root
-from mutualrl.progress import Progress
-from mutualrl.quiet import quiet_transformers
+from mutualrl.run.progress import Progress
+from mutualrl.run.quiet import quiet_transformers
 from mutualrl.zoo.evaluate import evaluate
 from mutualrl.zoo.models import build_model
 from mutualrl.zoo.parallel import build_in_processes

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from mutualrl.resolve import resolve_task
+from mutualrl.config.resolve import resolve_task
 from mutualrl.tasks.build import build_task
 from mutualrl.zoo.build import build_with_progress
 from mutualrl.zoo.sft import ZooBandError

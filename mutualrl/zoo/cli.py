@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from mutualrl.errors import ConfigError, UserError
-from mutualrl.resolve import resolve_task
+from mutualrl.config.resolve import resolve_task
 from mutualrl.tasks.build import build_task
 from mutualrl.zoo.build import build_zoo, is_built, is_shipped, load_card, policy_dir
 from mutualrl.zoo.sft import TooFewProblems, check_task_size

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from mutualrl.engines import HFEngine, SamplingParams
+from mutualrl.rollout.engines import HFEngine, SamplingParams
 from mutualrl.tasks import SUCCESS_THRESHOLD
 from mutualrl.zoo.task import format_prompt
 
@@ -17,7 +17,7 @@ MAX_NEW_TOKENS = 8
 
 def generate_answers(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int = MAX_NEW_TOKENS,
                      temperature: float = 0.0, seed: int = 0, batch_size: int = 512) -> list[str]:
-    """Complete each prompt with :class:`~mutualrl.engines.hf.HFEngine` (greedy when ``temperature``
+    """Complete each prompt with :class:`~mutualrl.rollout.engines.hf.HFEngine` (greedy when ``temperature``
     is 0, else plain sampling); returns the decoded completions without special tokens."""
 
     eos = tokenizer.eos_token_id

@@ -26,7 +26,7 @@ from mutualrl.algorithms.sharing import (
     register_strategy,
     verified_successes,
 )
-from mutualrl.schema import bounded
+from mutualrl.config.schema import bounded
 
 GUIDE = "guide"
 """The row kind of a guiding peer success."""

@@ -37,7 +37,7 @@ from mutualrl.algorithms.sharing import (
     verified_successes,
 )
 from mutualrl.errors import ConfigError
-from mutualrl.schema import bounded
+from mutualrl.config.schema import bounded
 
 IMITATE = "imitate"
 """The row kind of imitate's likelihood rows (peer successes and the learner's own)."""

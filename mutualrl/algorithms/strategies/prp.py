@@ -17,7 +17,7 @@ import torch
 
 from mutualrl.algorithms.registry import OWN_GROUPS, POOLED_ADVANTAGES, RowKind
 from mutualrl.algorithms.sharing import ShareContext, TrainBatch, TrainRow, pool_with_peers, register_strategy
-from mutualrl.schema import bounded
+from mutualrl.config.schema import bounded
 
 PEER = "peer"
 """The row kind of a peer's rollout in the learner's tokens."""

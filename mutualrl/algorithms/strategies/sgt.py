@@ -20,7 +20,7 @@ from mutualrl.algorithms.sharing import (
     register_strategy,
     verified_successes,
 )
-from mutualrl.schema import bounded
+from mutualrl.config.schema import bounded
 
 RESCUE = "rescue"
 """The row kind of a rescued prompt's re-verified peer success (and, with ``replay_own``, of the

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from mutualrl.checkpoint import atomic_write_text
+from mutualrl.run.checkpoint import atomic_write_text
 from mutualrl.config import RESUMABLE, RunConfig
 from mutualrl.errors import ConfigError
 from mutualrl.paths import RUN_CONFIG

@@ -2,7 +2,7 @@
 each arm spent, and the peers' share (the best sharing arm minus the strongest single-model
 baseline, both picked on validation, measured on test).
 
-A *run* here is what :func:`mutualrl.report.load_run` reads (config, eval rows, step rows) with its
+A *run* here is what :func:`mutualrl.study.report.load_run` reads (config, eval rows, step rows) with its
 ``arm`` label. Its figures: the final accuracy on the test split (read once, at the end, when the
 run has a validation split) and on validation, each the mean over the run's policies; and the
 compute it spent: trained tokens (completion tokens of every training row, each optimizer phase

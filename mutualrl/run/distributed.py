@@ -54,7 +54,7 @@ def progress(store: dist.Store, prefix: str, world: int) -> list[int]:
 class Rendezvous:
     """Where a policy's ranks meet: the controller's ``TCPStore`` and the policy's key prefix.
 
-    Written as ``tcp://HOST:PORT/PREFIX`` in a worker's spec (:attr:`~mutualrl.resolve.WorkerSpec.rendezvous`)."""
+    Written as ``tcp://HOST:PORT/PREFIX`` in a worker's spec (:attr:`~mutualrl.config.resolve.WorkerSpec.rendezvous`)."""
 
     host: str
     port: int

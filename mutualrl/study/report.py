@@ -5,7 +5,7 @@ Each run directory is one (arm, seed): the arm is the label in its ``arm.json`` 
 the demo calls it) or else its ``sharing.strategy``; seeds of one arm are averaged (mean and
 sample std). An arm whose strategy reads no peer rows is a single-model arm (a baseline); the
 report leads with the best sharing arm minus the strongest baseline, both chosen on validation,
-measured on test (:mod:`mutualrl.evidence`). The figure has one column per policy plus the average
+measured on test (:mod:`mutualrl.study.evidence`). The figure has one column per policy plus the average
 and three rows: held-out accuracy (validation when the runs have a validation split), accuracy on
 the policy's *weak* skill (the task type it was worst at in the first evaluation: where transfer
 from a peer shows) and train reward.
@@ -19,10 +19,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from mutualrl import evidence
+from mutualrl.study import evidence
 from mutualrl.algorithms.registry import parse_strategy
 from mutualrl.paths import METRICS, SUMMARY
-from mutualrl.resolve import run_config
+from mutualrl.config.resolve import run_config
 
 ARM_FILE = "arm.json"
 """A run directory's arm label (``{"arm": "..."}``), written by whoever ran it as one arm of a
@@ -171,7 +171,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def share_of_peers(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """:func:`mutualrl.evidence.peers_share` of ``runs``: sharing arms against single-model arms."""
+    """:func:`mutualrl.study.evidence.peers_share` of ``runs``: sharing arms against single-model arms."""
     arms = {r["arm"]: single_model(r) for r in runs}
     sharing = [a for a, single in arms.items() if not single]
     baselines = [a for a, single in arms.items() if single]

@@ -11,7 +11,7 @@ computes as it would in the model's forward) and only the attention written out:
 key and value are written into a :class:`StaticKV` buffer sized for the whole completion, and
 scaled dot-product attention reads its first ``kv`` positions under the padding mask. The values
 are the model's own to float rounding; the engine checks that on its first call
-(:class:`~mutualrl.engines.hf.HFEngine`) and keeps the model's forward otherwise.
+(:class:`~mutualrl.rollout.engines.hf.HFEngine`) and keeps the model's forward otherwise.
 
 :data:`DECODE_STEPS` maps a ``model_type`` to its step; each entry says through ``unsupported``
 which configurations it does not cover (the engine then keeps the model's forward).
@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from mutualrl.engines.base import unwrap_peft
+from mutualrl.rollout.engines.base import unwrap_peft
 
 
 def _sdpa_takes_gqa() -> bool:

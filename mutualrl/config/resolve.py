@@ -43,20 +43,20 @@ from mutualrl.config import (  # noqa: F401  (RESUMABLE: re-exported, its docume
     parse_config,
     read_config_data,
 )
-from mutualrl.devices import check_device, cuda_supports_bf16
-from mutualrl.engines.vllm import check_vllm
+from mutualrl.run.devices import check_device, cuda_supports_bf16
+from mutualrl.rollout.engines.vllm import check_vllm
 from mutualrl.errors import ConfigError, UserError
 from mutualrl.exchange.url import ExchangeURL
-from mutualrl.modelref import ModelRef, ModelRefError
+from mutualrl.config.modelref import ModelRef, ModelRefError
 from mutualrl.paths import RUN_CONFIG
-from mutualrl.schema import build, freeze
+from mutualrl.config.schema import build, freeze
 from mutualrl.tasks.base import validate_extraction_mode
 from mutualrl.tasks.build import build_source, build_task
 from mutualrl.tasks.gold_check import check_gold_answers
 from mutualrl.tasks.gym import check_dataset
 from mutualrl.tasks.rewards import load_reward_function
 from mutualrl.tasks.rows import SourceFieldError
-from mutualrl.tracking import missing_package
+from mutualrl.run.tracking import missing_package
 
 
 @dataclass(frozen=True)
@@ -274,7 +274,7 @@ def _read_data(cfg: RunConfig) -> None:
 def resolve_run(run_dir: str | Path, overrides: Mapping[str, Any] | None = None) -> RunPlan:
     """The plan of an existing run directory (its saved ``config.yaml``) for ``--resume`` and
     ``eval``: overrides of :data:`~mutualrl.config.RESUMABLE` fields are applied, any other is refused naming it."""
-    from mutualrl.resume import check_resumable
+    from mutualrl.run.resume import check_resumable
 
     d = Path(run_dir)
     if not (d / RUN_CONFIG).is_file():

@@ -17,8 +17,8 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from mutualrl.errors import ConfigError
-from mutualrl.legacy import move_legacy_sharing
-from mutualrl.schema import Freezable, bounded, build, check_bounds, thaw
+from mutualrl.config.legacy import move_legacy_sharing
+from mutualrl.config.schema import Freezable, bounded, build, check_bounds, thaw
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "token_mean"]
 Dtype = Literal["auto", "float32", "bfloat16"]
@@ -224,7 +224,7 @@ class PolicyConfig(Freezable):
     """Shard this policy's trainable weights, gradients and optimizer states over its ``workers``
     (FSDP2, ``torch.distributed.fsdp.fully_shard``) instead of replicating them: for a model whose
     training state does not fit one device. Same update; the sampler keeps one full copy per rank
-    (:mod:`mutualrl.fsdp`)."""
+    (:mod:`mutualrl.run.fsdp`)."""
 
 
 @dataclass
@@ -251,14 +251,14 @@ class SharingConfig(Freezable):
 
 RESUMABLE: frozenset[str] = frozenset({"steps", "step_timeout_s", "report_to", "run_name", "save_final_model"})
 """Fields a resumed run may change: how long it runs, how it reports and whether it exports its final
-models (``steps`` only under a schedule that does not depend on it: :mod:`mutualrl.resume`). Anything
+models (``steps`` only under a schedule that does not depend on it: :mod:`mutualrl.run.resume`). Anything
 else would make the resumed steps differ from the ones an uninterrupted run computes."""
 
 
 @dataclass
 class RunConfig(Freezable):
     """A whole run: its policies, task, GRPO options, sharing, schedule, exchange and trackers.
-    Built and validated by :func:`mutualrl.resolve.load_config` from YAML, JSON or a mapping."""
+    Built and validated by :func:`mutualrl.config.resolve.load_config` from YAML, JSON or a mapping."""
 
     policies: list[PolicyConfig] = field(default_factory=list)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -300,7 +300,7 @@ class RunConfig(Freezable):
     report_to: list[Literal["tensorboard", "wandb", "trackio"]] = field(default_factory=list)
     """Where metrics go besides ``metrics.jsonl`` (TRL's name): ``tensorboard`` (``<run>/tb``), ``wandb``
     (offline with ``WANDB_MODE=offline``), ``trackio`` (local), several, or ``none``. One tracked run
-    per mutual run, metrics named ``<policy>/<metric>`` (:mod:`mutualrl.tracking`)."""
+    per mutual run, metrics named ``<policy>/<metric>`` (:mod:`mutualrl.run.tracking`)."""
     run_name: str | None = None
     """The tracked run's name (default: the run directory's name)."""
     output_dir: str | None = None
@@ -397,7 +397,7 @@ def check_task(t: TaskConfig) -> None:
 def check_config(cfg: RunConfig) -> RunConfig:
     """Every check of a run config that needs nothing above this module: the declared bounds of every
     field (per-policy GRPO options merged), names, templates, the task's shape. Raises
-    :class:`ConfigError` naming the field. :func:`mutualrl.resolve.resolve` runs this, then the checks
+    :class:`ConfigError` naming the field. :func:`mutualrl.config.resolve.resolve` runs this, then the checks
     that look outside the config (strategies, datasets, models, devices, the exchange)."""
     check_bounds(cfg.grpo, "grpo")  # first, so a bad run-level value is named as such, not per policy
     check_bounds(cfg)

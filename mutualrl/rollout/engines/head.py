@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from mutualrl.engines.base import unwrap_peft
+from mutualrl.rollout.engines.base import unwrap_peft
 
 HEAD_BLOCK_COLUMNS = 1024
 """Vocabulary rows per block of :func:`blocked_logits` (1024 and 2048 measured equal at 16 rows;

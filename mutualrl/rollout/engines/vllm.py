@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from mutualrl.engines.base import Generation, SamplingParams
+from mutualrl.rollout.engines.base import Generation, SamplingParams
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.3
 """A vLLM engine's share of its GPU when neither the plan nor the config gives one."""
@@ -274,7 +274,7 @@ class VLLMEngine:
     """A vLLM ``LLM`` serving one policy, its weights kept equal to the trainer's.
 
     Args:
-        policy: the :class:`~mutualrl.policy.Policy` whose model, tokenizer, EOS ids, generator,
+        policy: the :class:`~mutualrl.rollout.policy.Policy` whose model, tokenizer, EOS ids, generator,
             compute dtype, device and ``generation`` options the engine follows.
     """
 

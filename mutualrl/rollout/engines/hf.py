@@ -4,15 +4,15 @@ Left-padded prompts; a prompt shared by several rows (a GRPO group) is prefilled
 cache indexed out to its rows. Per generated token the loop does one forward of one position, a
 log-softmax, a draw from the seeded generator and a few in-place writes into preallocated buffers;
 it copies to the host only at the end. With ``head_block`` (the policy sets it on CPU in fp32) the
-LM head runs in vocabulary blocks (:mod:`mutualrl.engines.head`) into a reused buffer, once the
+LM head runs in vocabulary blocks (:mod:`mutualrl.rollout.engines.head`) into a reused buffer, once the
 first call has checked that this reproduces the model's own logits. Decoding steps pass the padding
 mask as the 4D boolean mask SDPA takes, which transformers uses as it is instead of building one
 from the 2D mask at every step (the zoo's 32-token sampling ~15 % faster), where that is the same
 mask: SDPA attention, no sliding window shorter than the sequence; the first call checks it too.
 With ``pack_linears`` (the policy sets it on CPU in fp32) each sampling call runs through linear
-layers prepacked for MKL or oneDNN (:mod:`mutualrl.engines.packed`), the LM head included, once the
+layers prepacked for MKL or oneDNN (:mod:`mutualrl.rollout.engines.packed`), the LM head included, once the
 first call has checked that they give the model's own logits. With ``lean_step`` (the policy's
-default) decoding steps of GPT-2 and Llama-family models run :mod:`mutualrl.engines.decode_step`'s
+default) decoding steps of GPT-2 and Llama-family models run :mod:`mutualrl.rollout.engines.decode_step`'s
 lean step over a static KV cache instead of the model's forward, once the first call has checked
 that it gives the model's own logits.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from mutualrl.engines.base import (
+from mutualrl.rollout.engines.base import (
     Generation,
     SamplingParams,
     cache_kwarg,
@@ -37,9 +37,9 @@ from mutualrl.engines.base import (
     sample_tokens,
     unwrap_peft,
 )
-from mutualrl.engines.decode_step import DecodeStep, StaticKV, decode_step_for
-from mutualrl.engines.head import blockable, blocked_logits, decoder_and_head
-from mutualrl.engines.packed import (
+from mutualrl.rollout.engines.decode_step import DecodeStep, StaticKV, decode_step_for
+from mutualrl.rollout.engines.head import blockable, blocked_logits, decoder_and_head
+from mutualrl.rollout.engines.packed import (
     BACKENDS,
     default_backend,
     packable_linears,
@@ -95,9 +95,9 @@ class HFEngine:
             model's own forward). Used only when the head is a plain linear layer and, checked on
             the first call, the decoder plus the blocked head give the model's logits.
         pack_linears: sample through prepacked linear weights (fp32 CPU; see
-            :mod:`mutualrl.engines.packed`): a backend (``mkl``, ``onednn``) or ``True`` for the CPU's
+            :mod:`mutualrl.rollout.engines.packed`): a backend (``mkl``, ``onednn``) or ``True`` for the CPU's
             default one, where the first call finds they give the model's logits.
-        lean_step: decode through :mod:`mutualrl.engines.decode_step`'s lean step over a static KV
+        lean_step: decode through :mod:`mutualrl.rollout.engines.decode_step`'s lean step over a static KV
             cache (GPT-2 and Llama-family models), where the first call finds it gives the model's
             logits.
     """
@@ -121,7 +121,7 @@ class HFEngine:
         """Whether decoding steps pass a 4D padding mask: ``None`` until the first call has checked it."""
         self.pack_backend: str | None = (default_backend() if pack_linears is True
                                          else pack_linears if pack_linears in BACKENDS else None)
-        """The prepacking backend (:data:`~mutualrl.engines.packed.BACKENDS`), ``None``: plain layers."""
+        """The prepacking backend (:data:`~mutualrl.rollout.engines.packed.BACKENDS`), ``None``: plain layers."""
         if pack_linears not in (False, True, *BACKENDS):
             raise ValueError(f"pack_linears: expected true, false or one of {', '.join(BACKENDS)}, got {pack_linears!r}")
         self.packed: bool | None = None if self.pack_backend else False
@@ -129,7 +129,7 @@ class HFEngine:
         checked it."""
         self._packing = False
         self.lean: bool | None = None if lean_step else False
-        """Whether decoding steps run the lean step (:mod:`mutualrl.engines.decode_step`) over a static
+        """Whether decoding steps run the lean step (:mod:`mutualrl.rollout.engines.decode_step`) over a static
         cache: ``None`` until the first call has checked it."""
         self._step: DecodeStep | None = None
 
@@ -275,7 +275,7 @@ class HFEngine:
 
     def _lean_applies(self, capacity: int) -> DecodeStep | None:
         """The lean decoding step, where it is on, not ruled out by an earlier check and the model
-        has one (:func:`~mutualrl.engines.decode_step.decode_step_for`)."""
+        has one (:func:`~mutualrl.rollout.engines.decode_step.decode_step_for`)."""
         if self.lean is False:
             return None
         if self._step is None:

@@ -34,13 +34,13 @@ from mutualrl.allocation.memory import (
 )
 from mutualrl.allocation.memory import price as memory_price
 from mutualrl.config import GenerationConfig, GRPOOptions, PeftConfig
-from mutualrl.devices import cpu_has_native_bf16, resolve_dtype
-from mutualrl.engines.base import GenerationEngine, SamplingParams, cache_kwarg, dedupe_prompts, left_pad
-from mutualrl.engines.head import HEAD_BLOCK_COLUMNS, decoder_and_head
-from mutualrl.engines.hf import HFEngine
-from mutualrl.engines.vllm import VLLMEngine
-from mutualrl.fsdp import ShardedWeights
-from mutualrl.modeling import (
+from mutualrl.run.devices import cpu_has_native_bf16, resolve_dtype
+from mutualrl.rollout.engines.base import GenerationEngine, SamplingParams, cache_kwarg, dedupe_prompts, left_pad
+from mutualrl.rollout.engines.head import HEAD_BLOCK_COLUMNS, decoder_and_head
+from mutualrl.rollout.engines.hf import HFEngine
+from mutualrl.rollout.engines.vllm import VLLMEngine
+from mutualrl.run.fsdp import ShardedWeights
+from mutualrl.rollout.modeling import (
     check_lora_head,
     disable_dropout,
     format_prompt,
@@ -49,7 +49,7 @@ from mutualrl.modeling import (
 )
 from mutualrl.thl.peer import stop_ids_of
 from mutualrl.thl.retokenize import encode_completion
-from mutualrl.token_tensors import LOGITS_BUDGET, head_logprobs
+from mutualrl.rollout.token_tensors import LOGITS_BUDGET, head_logprobs
 
 
 @dataclass
@@ -181,7 +181,7 @@ class Policy:
 
     def shard(self) -> None:
         """Shard the trainable weights, gradients and optimizer states over the policy's ranks with
-        FSDP2 (:mod:`mutualrl.fsdp`). Every rank calls it once, after the process group is up and the
+        FSDP2 (:mod:`mutualrl.run.fsdp`). Every rank calls it once, after the process group is up and the
         ranks hold the same weights, before a sharing step adds optimizers of its own."""
         if self.fsdp is not None or len(self.optimizers) > 1:
             raise RuntimeError(f"policy {self.name!r}: shard() runs once, before further optimizers are added")

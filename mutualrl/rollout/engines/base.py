@@ -2,8 +2,8 @@
 
 The seam between a policy and its sampler.
 
-:class:`GenerationEngine` is the seam a sampler plugs into (:class:`~mutualrl.engines.hf.HFEngine` is the default,
-:class:`~mutualrl.engines.vllm.VLLMEngine` another). An engine samples ``n`` completions per prompt with the
+:class:`GenerationEngine` is the seam a sampler plugs into (:class:`~mutualrl.rollout.engines.hf.HFEngine` is the default,
+:class:`~mutualrl.rollout.engines.vllm.VLLMEngine` another). An engine samples ``n`` completions per prompt with the
 :class:`SamplingParams` and returns, per completion, its token ids (EOS last when it stopped on
 one), the behavior log-prob of each token under the distribution it was sampled from (after
 temperature and top-p) and whether it finished.

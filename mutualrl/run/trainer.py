@@ -23,7 +23,7 @@ import yaml
 from mutualrl.algorithms.sharing import parse_strategy
 from mutualrl.allocation import Scheduler, WorkerFailed, make_scheduler
 from mutualrl.allocation.run_placement import RunPlacement, launch
-from mutualrl.checkpoint import (
+from mutualrl.run.checkpoint import (
     CHECKPOINTS,
     LATEST,
     CheckpointError,
@@ -35,14 +35,14 @@ from mutualrl.checkpoint import (
 from mutualrl.config import RunConfig
 from mutualrl.errors import ConfigError, UserError
 from mutualrl.exchange.url import ExchangeURL
-from mutualrl.export import FINAL_DIR, Exported, export_run
+from mutualrl.export.model import FINAL_DIR, Exported, export_run
 from mutualrl.paths import METRICS, POLICIES_INFO, RUN_CONFIG, SUMMARY
-from mutualrl.progress import StepProgress
-from mutualrl.resolve import RunPlan, resolve, run_config
-from mutualrl.resume import check_resumable, record_resume
+from mutualrl.run.progress import StepProgress
+from mutualrl.config.resolve import RunPlan, resolve, run_config
+from mutualrl.run.resume import check_resumable, record_resume
 from mutualrl.tasks.attach import attach
-from mutualrl.tracking import Tracker, open_trackers, scalars
-from mutualrl.worker_api import WorkerAPI, remote_name
+from mutualrl.run.tracking import Tracker, open_trackers, scalars
+from mutualrl.run.worker_api import WorkerAPI, remote_name
 
 __all__ = ["CHECKPOINTS", "LATEST", "MutualTrainer", "latest_checkpoint"]
 
@@ -62,7 +62,7 @@ class MutualTrainer:
     """Train K >= 1 policies together.
 
     Args:
-        config: a :class:`~mutualrl.resolve.RunPlan` (from :func:`~mutualrl.resolve.resolve`), or what
+        config: a :class:`~mutualrl.config.resolve.RunPlan` (from :func:`~mutualrl.config.resolve.resolve`), or what
             it resolves: a :class:`RunConfig`, a dict or a YAML path.
         run_dir: where the run writes (config, metrics, checkpoints, exchange). ``None`` keeps
             everything in memory (no checkpoints).
@@ -172,7 +172,7 @@ class MutualTrainer:
         """Write a complete checkpoint for the state *after* ``step - 1`` (next step = ``step``).
 
         Every policy's weights, optimizer and RNG states (Python, NumPy, torch, its sampling
-        generator) and version, plus the exchange position; see :mod:`mutualrl.checkpoint`.
+        generator) and version, plus the exchange position; see :mod:`mutualrl.run.checkpoint`.
         """
         if self.checkpoints is None:
             return None
@@ -192,7 +192,7 @@ class MutualTrainer:
         default ``RUN_DIR/export``): every policy, or the one (or those) named, from the run's newest
         checkpoint, which after :meth:`train` holds the final weights. Each directory loads with
         ``AutoModelForCausalLM.from_pretrained`` (LoRA policies: a peft adapter, or full weights with
-        ``merge_lora``) and carries a model card; existing ones are replaced. See :mod:`mutualrl.export`."""
+        ``merge_lora``) and carries a model card; existing ones are replaced. See :mod:`mutualrl.export.model`."""
         if self.run_dir is None:
             raise UserError("save_model exports the run's checkpoint: give MutualTrainer a run directory")
         names = [policy] if isinstance(policy, str) else policy

@@ -1,6 +1,6 @@
 """Generation engines behind one interface: ``hf`` (default) and ``vllm``."""
 
-from mutualrl.engines.base import Generation, GenerationEngine, SamplingParams, dedupe_prompts
-from mutualrl.engines.hf import HFEngine
+from mutualrl.rollout.engines.base import Generation, GenerationEngine, SamplingParams, dedupe_prompts
+from mutualrl.rollout.engines.hf import HFEngine
 
 __all__ = ["Generation", "GenerationEngine", "HFEngine", "SamplingParams", "dedupe_prompts"]

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from mutualrl.faults import fault_point
+from mutualrl.run.faults import fault_point
 
 CHECKPOINTS = "checkpoints"
 LATEST = "LATEST"
@@ -267,7 +267,7 @@ def save_policy_state(directory: str | os.PathLike[str], policy: Any, extra: dic
     A policy on several data-parallel ranks: every rank holds the same weights and optimizer state,
     so rank 0 alone writes them; each rank writes its own RNG states and counters
     (:func:`rank_file`), so that a resumed rank samples what it would have sampled. Under FSDP
-    (:mod:`mutualrl.fsdp`) every rank takes part in gathering the weights and optimizer states
+    (:mod:`mutualrl.run.fsdp`) every rank takes part in gathering the weights and optimizer states
     first, and rank 0 writes them in the same format."""
     import torch
 

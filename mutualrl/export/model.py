@@ -11,11 +11,11 @@ into a directory that ``transformers`` and vLLM read as it is:
   same tokenizer and generation files; ``PeftModel.from_pretrained(base, dir)``, or
   ``AutoModelForCausalLM.from_pretrained(dir)`` where its base is at hand;
 
-plus the model card ``README.md`` (:mod:`mutualrl.modelcard`) and :data:`EXPORT_INFO` (which run,
+plus the model card ``README.md`` (:mod:`mutualrl.export.modelcard`) and :data:`EXPORT_INFO` (which run,
 policy and step it is: ``mutualrl eval --model DIR`` reads the policy's name from it).
 
 A checkpoint is checked before anything is loaded: its ``trainer_state.json`` must exist, be of this
-code's checkpoint format (:data:`~mutualrl.checkpoint.FORMAT_VERSION`) and every file of its
+code's checkpoint format (:data:`~mutualrl.run.checkpoint.FORMAT_VERSION`) and every file of its
 manifest must be there with its recorded size; the weights must load strictly into the policy's
 model. Anything else is refused with :class:`ExportError` (exit 2) naming the file. Each directory
 is written into a temporary sibling and renamed into place, so an interrupted export leaves no
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from mutualrl import __version__
-from mutualrl.checkpoint import (
+from mutualrl.run.checkpoint import (
     CHECKPOINTS,
     FORMAT_VERSION,
     MODEL_FILE,
@@ -51,11 +51,11 @@ from mutualrl.checkpoint import (
     step_of,
 )
 from mutualrl.errors import UserError
-from mutualrl.hub import HubPushError, check_repo_ids, push_to_hub
-from mutualrl.modelcard import card_facts, render_card
-from mutualrl.modelref import resolve_model_path
+from mutualrl.export.hub import HubPushError, check_repo_ids, push_to_hub
+from mutualrl.export.modelcard import card_facts, render_card
+from mutualrl.config.modelref import resolve_model_path
 from mutualrl.paths import RUN_CONFIG
-from mutualrl.quiet import quiet_transformers
+from mutualrl.run.quiet import quiet_transformers
 from mutualrl.thl.peer import stop_ids_of
 
 EXPORT_DIR = "export"
@@ -138,7 +138,7 @@ def select_checkpoint(run_dir: str | os.PathLike[str], step: int | None = None) 
 
 # ----------------------------------------------------------------------------- the trained model
 def lora_config(peft: Any) -> Any:
-    """The ``peft.LoraConfig`` a policy with these ``peft`` settings trains with (as :class:`~mutualrl.policy.Policy`)."""
+    """The ``peft.LoraConfig`` a policy with these ``peft`` settings trains with (as :class:`~mutualrl.rollout.policy.Policy`)."""
     from peft import LoraConfig
 
     return LoraConfig(r=peft.r, lora_alpha=peft.lora_alpha, lora_dropout=peft.lora_dropout,
@@ -174,7 +174,7 @@ def load_trained(pcfg: Any, policy_dir: str | os.PathLike[str]) -> tuple[Any, An
 
 
 def _stop_ids(model: Any, tokenizer: Any) -> list[int]:
-    from mutualrl.modeling import generation_stop_ids
+    from mutualrl.rollout.modeling import generation_stop_ids
 
     return sorted(stop_ids_of(tokenizer, generation_stop_ids(getattr(model, "generation_config", None))))
 
@@ -196,7 +196,7 @@ def _generation_config(model: Any, tokenizer: Any) -> Any:
 def _check_mergeable(model: Any) -> None:
     """Refuse to merge an adapter on an output layer tied to the input embeddings: the merge adds it
     into the one shared weight, changing the embeddings too (the merged model is not the trained one)."""
-    from mutualrl.modeling import lora_tied_head, tied_head_message
+    from mutualrl.rollout.modeling import lora_tied_head, tied_head_message
 
     base = model.get_base_model()
     for cfg in model.peft_config.values():
@@ -261,7 +261,7 @@ def export_run(run_dir: str | os.PathLike[str], output_dir: str | os.PathLike[st
     """Export policies of the run in ``run_dir`` (all, or the named ``policies``) at the checkpoint
     after ``step`` steps (default: the newest) into ``output_dir/<policy>`` (default
     ``run_dir/export``); see the module docstring. Returns what was written, in config order."""
-    from mutualrl.resolve import run_config
+    from mutualrl.config.resolve import run_config
 
     run_dir = Path(run_dir)
     if not (run_dir / RUN_CONFIG).is_file():
@@ -348,7 +348,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     repos: dict[str, str] = {}
     if args.push_to_hub:  # a bad repository id fails here, before anything is written
-        from mutualrl.resolve import run_config
+        from mutualrl.config.resolve import run_config
 
         if not (run_dir / RUN_CONFIG).is_file():
             raise ExportError(f"{str(run_dir)!r} is not a mutualrl run directory (no {RUN_CONFIG})")

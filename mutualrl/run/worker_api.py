@@ -1,6 +1,6 @@
 """The remote surface of a policy worker: exactly what a scheduler may call on it, typed.
 
-:class:`~mutualrl.worker.PolicyWorker` implements :class:`WorkerAPI`; the schedulers proxy it
+:class:`~mutualrl.run.worker.PolicyWorker` implements :class:`WorkerAPI`; the schedulers proxy it
 (in this process, over a pipe to a worker process, or to a Ray actor). The controller names a
 call by the protocol's method itself, ``scheduler.call(WorkerAPI.rollout, step)``, so "go to
 definition" finds it and a typo fails when the line is read, not in a worker; on the far side only
@@ -69,5 +69,5 @@ def remote_name(method: WorkerMethod | str) -> str:
     name = method if isinstance(method, str) else getattr(method, "__name__", "")
     if name not in REMOTE_METHODS:
         raise ValueError(f"{name or method!r} is not a worker method; the remote surface is "
-                         f"{', '.join(sorted(REMOTE_METHODS))} (mutualrl.worker_api.WorkerAPI)")
+                         f"{', '.join(sorted(REMOTE_METHODS))} (mutualrl.run.worker_api.WorkerAPI)")
     return name

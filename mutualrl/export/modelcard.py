@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from mutualrl import __version__
-from mutualrl.modelref import ModelRef, ModelRefError
+from mutualrl.config.modelref import ModelRef, ModelRefError
 from mutualrl.paths import METRICS, POLICIES_INFO
 from mutualrl.realmodels import MODELS
 
@@ -210,7 +210,7 @@ def _usage(f: CardFacts) -> list[str]:
         if _ref_kind(f.model) == "hub":
             base = [f"base = AutoModelForCausalLM.from_pretrained({f.base_model_id!r})"]
         else:  # zoo, a local directory, a real: model's dequantized weights: mutualrl knows where they are
-            base = ["from mutualrl.modelref import resolve_model_path",
+            base = ["from mutualrl.config.modelref import resolve_model_path",
                     f"base = AutoModelForCausalLM.from_pretrained(resolve_model_path({f.model!r}))"]
         load = ["from peft import PeftModel",
                 "from transformers import AutoModelForCausalLM, AutoTokenizer",

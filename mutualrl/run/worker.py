@@ -1,11 +1,11 @@
 """A policy worker: one policy's rollout, publish, peer query, THL, strategy and update.
 
-The controller (:class:`~mutualrl.trainer.MutualTrainer`) only sends step numbers; a worker
+The controller (:class:`~mutualrl.run.trainer.MutualTrainer`) only sends step numbers; a worker
 samples the step's prompts itself (deterministic in seed and step, identical for every worker),
 so the same worker runs in-process, in a subprocess or as a Ray actor.
 
 A policy with ``workers: N`` is N such workers, its data-parallel *ranks*
-(:mod:`mutualrl.distributed`): each takes every N-th of the step's prompts (whole groups, so
+(:mod:`mutualrl.run.distributed`): each takes every N-th of the step's prompts (whole groups, so
 advantages and the exchange's per-prompt keys are those of one worker), publishes and queries for
 its own prompts, builds its part of the batch, and trains with the ranks' gradients summed.
 """
@@ -38,23 +38,23 @@ from mutualrl.algorithms.sharing import (
 )
 from mutualrl.algorithms.update import train_on_batch
 from mutualrl.allocation.placement import place_in_process
-from mutualrl.checkpoint import load_policy_state, save_policy_state
+from mutualrl.run.checkpoint import load_policy_state, save_policy_state
 from mutualrl.config import RunConfig
 from mutualrl.denormals import denormals_flushed
-from mutualrl.distributed import RankGroup
+from mutualrl.run.distributed import RankGroup
 from mutualrl.exchange import open_exchange
 from mutualrl.experience import ExperienceLimits, GroupOutcome, Rollout, VerifiedSuccess
-from mutualrl.faults import fault_point, log_acknowledged
+from mutualrl.run.faults import fault_point, log_acknowledged
 from mutualrl.heap import retain_freed_memory
-from mutualrl.modeling import format_prompt, model_stop_ids, tokenizer_fingerprint
-from mutualrl.modelref import resolve_model_path
-from mutualrl.policy import Policy
-from mutualrl.quiet import silence_transformers
-from mutualrl.resolve import RunPlan, import_strategy_modules, plan_of
+from mutualrl.rollout.modeling import format_prompt, model_stop_ids, tokenizer_fingerprint
+from mutualrl.config.modelref import resolve_model_path
+from mutualrl.rollout.policy import Policy
+from mutualrl.run.quiet import silence_transformers
+from mutualrl.config.resolve import RunPlan, import_strategy_modules, plan_of
 from mutualrl.tasks.base import Problem
 from mutualrl.tasks.build import build_task, eval_problems
 from mutualrl.thl.peer import PeerTrace, peer_trace, represents
-from mutualrl.worker_api import WorkerAPI
+from mutualrl.run.worker_api import WorkerAPI
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def _numerics(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class PolicyWorker(WorkerAPI):
-    """Owns one policy and does its part of every step (the :class:`~mutualrl.worker_api.WorkerAPI`
+    """Owns one policy and does its part of every step (the :class:`~mutualrl.run.worker_api.WorkerAPI`
     its scheduler calls; nothing else of it is remotely callable)."""
 
     def __init__(self, plan: RunPlan | RunConfig, index: int, run_dir: str | Path | None = None,

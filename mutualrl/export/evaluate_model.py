@@ -6,7 +6,7 @@ directory from ``mutualrl export``), another team's model or a hub id on exactly
 evaluates its policies on: the config's task (its held-out test problems, ``eval_size`` of them),
 the named policy's ``prompt_template``/``system_prompt`` (or ``prompt_template``/``system_prompt``
 given here), its GRPO options (``max_completion_length``), the task's answer extraction and each
-source's verifier. It runs the worker's own evaluation (:meth:`~mutualrl.worker.PolicyWorker.evaluate`)
+source's verifier. It runs the worker's own evaluation (:meth:`~mutualrl.run.worker.PolicyWorker.evaluate`)
 on a one-policy copy of the config whose model is the one given, so a figure here and a run's
 ``test_acc`` are the same measurement.
 """
@@ -21,8 +21,8 @@ from typing import Any
 
 from mutualrl.config import parse_config
 from mutualrl.errors import UserError
-from mutualrl.export import read_export_info
-from mutualrl.modelref import ModelRef, ModelRefError
+from mutualrl.export.model import read_export_info
+from mutualrl.config.modelref import ModelRef, ModelRefError
 from mutualrl.paths import RUN_CONFIG
 from mutualrl.tasks.build import eval_problems
 
@@ -117,8 +117,8 @@ def evaluate_model(model: str, config: Any, *, policy: str | None = None, prompt
         ``{"model", "policy", "prompt_template", "system_prompt", "problems", "test_acc",
         "test_acc/<type>"...}``. Bad input raises :class:`~mutualrl.errors.UserError`.
     """
-    from mutualrl.resolve import plan_of, resolve
-    from mutualrl.worker import PolicyWorker
+    from mutualrl.config.resolve import plan_of, resolve
+    from mutualrl.run.worker import PolicyWorker
 
     cfg = resolve(_config_source(config)).config
     names = [p.name for p in cfg.policies]
