@@ -20,7 +20,6 @@ from typing import Any
 
 import yaml
 
-from mutualrl.algorithms.sharing import parse_strategy
 from mutualrl.allocation import Scheduler, WorkerFailed, make_scheduler
 from mutualrl.allocation.run_placement import RunPlacement, launch
 from mutualrl.run.checkpoint import (
@@ -37,6 +36,7 @@ from mutualrl.errors import ConfigError, UserError
 from mutualrl.exchange.url import ExchangeURL
 from mutualrl.export.model import FINAL_DIR, Exported, export_run
 from mutualrl.paths import METRICS, POLICIES_INFO, RUN_CONFIG, SUMMARY
+from mutualrl.run.async_loop import AsyncLoop
 from mutualrl.run.progress import StepProgress
 from mutualrl.config.resolve import RunPlan, resolve, run_config
 from mutualrl.run.resume import check_resumable, record_resume
@@ -353,75 +353,10 @@ class MutualTrainer:
             self._step_done(step, rows, bar)
 
     def _loop_async(self, bar: Any) -> None:
-        """Bounded staleness instead of per-phase barriers (MWRA).
-
-        Each worker runs rollout(s) -> update(s) -> rollout(s+1) ... and may start step ``s`` while
-        the slowest worker has completed ``lo`` steps only if ``s - lo <= sharing.max_staleness``;
-        its queries ignore peer rows older than that. When the strategy shares, a worker's update
-        of step ``s`` waits until every peer has published its rollouts of step ``s`` (a stalled
-        peer fails the run after ``step_timeout_s``), so sharing stays two-way and independent of
-        timing: what a faster policy gains is that its next rollout overlaps a slower peer's
-        update. Evaluation and checkpoint steps are barriers (nobody starts one before everyone
-        reached it), so checkpoints stay exact. A step is logged once every policy finished it.
-        """
-        cfg, sch = self.cfg, self.scheduler
-        names = [p.name for p in cfg.policies]
-        k_pol, stale, steps = len(names), cfg.sharing.max_staleness, cfg.steps
-        wait_for_peers = parse_strategy(cfg.sharing.strategy).shares
-        done = [self.start_step] * k_pol
-        phase: list[str | None] = [None] * k_pol
-        started = [0.0] * k_pol
-        roll_res: dict[int, tuple[dict[str, Any], float]] = {}
-        rolled: dict[int, set[int]] = {}
-        finished: dict[int, dict[int, dict[str, Any]]] = {}
-        settled = self.start_step
-
-        def barrier(s: int) -> bool:
-            return s % cfg.eval_every == 0 or s % cfg.checkpoint_every == 0
-
-        def start_updates() -> None:
-            for j in range(k_pol):
-                s = done[j]
-                if phase[j] == "wait" and (not wait_for_peers or len(rolled.get(s, ())) == k_pol):
-                    phase[j] = "update"
-                    sch.submit(j, WorkerAPI.update, s)
-
-        if settled < steps and settled % cfg.eval_every == 0:
-            bar.set_eval(self.evaluate(settled))
-        while True:
-            lo = min(done)
-            for i in range(k_pol):
-                s = done[i]
-                if phase[i] is not None or s >= steps or s - lo > stale or (s > lo and barrier(s)):
-                    continue
-                started[i] = time.perf_counter()
-                phase[i] = "rollout"
-                sch.submit(i, WorkerAPI.rollout, s)
-            if not any(p in ("rollout", "update") for p in phase):
-                break
-            i, res = sch.collect(cfg.step_timeout_s)
-            self._observe(i, "rollout" if phase[i] == "rollout" else "update", res)
-            s = done[i]
-            now = time.perf_counter()
-            if phase[i] == "rollout":
-                roll_res[i] = (res, now - started[i])
-                rolled.setdefault(s, set()).add(i)
-                phase[i] = "wait"
-                start_updates()
-                continue
-            roll, roll_s = roll_res.pop(i)
-            finished.setdefault(s, {})[i] = {"step": s, "policy": names[i], **roll, **res, "step_rollout_s": roll_s,
-                                             "step_update_s": now - started[i] - roll_s, "step_s": now - started[i],
-                                             "ahead": s - min(done)}
-            phase[i] = None
-            done[i] += 1
-            while settled < min(done):
-                self._step_done(settled, [finished[settled][j] for j in range(k_pol)], bar)
-                del finished[settled]
-                rolled.pop(settled, None)
-                settled += 1
-                if settled < steps and settled % cfg.eval_every == 0:
-                    bar.set_eval(self.evaluate(settled))
+        """Bounded staleness instead of per-phase barriers: :class:`~mutualrl.run.async_loop.AsyncLoop`."""
+        AsyncLoop.for_run(self.cfg, self.scheduler, self.start_step, observe=self._observe,
+                          step_done=lambda step, rows: self._step_done(step, rows, bar),
+                          evaluate=lambda step: bar.set_eval(self.evaluate(step))).run()
 
     def _wall_s(self) -> float:
         """Wall seconds of the training kept so far: earlier segments up to the checkpoint this one
