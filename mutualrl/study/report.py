@@ -110,64 +110,77 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     key = curve_key(runs)
     out: dict[str, Any] = {}
     for arm, rs in arms.items():
-        init, finals, vals, bests, gains = [], [], [], [], []
-        pol: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))  # policy -> key -> values
-        spent: dict[str, list[float]] = defaultdict(list)
-        for r in rs:
-            _, avg = _series(r["evals"], "average", key)
-            final = evidence.final_accuracy(r, "test")
-            if not avg or final is None:
-                continue
-            init.append(avg[0])
-            finals.append(final)
-            if (v := evidence.final_accuracy(r, "val")) is not None:
-                vals.append(v)
-            bests.append(max(avg))
-            gains.append(100 * (avg[-1] - avg[0]))
-            for k, v in evidence.compute_spent(r).items():
-                spent[k].append(v)
-            test_final = evidence.final_per_policy(r, "test")
-            for p in r["policies"]:
-                _, ys = _series(r["evals"], p, key)
-                if not ys or p not in test_final:
-                    continue
-                pol[p]["initial"].append(ys[0])
-                pol[p]["final"].append(test_final[p]["all"])
-                pol[p]["best"].append(max(ys))
-                for sk in skills(r):
-                    _, ks = _series(r["evals"], p, f"{key}/{sk}")
-                    if ks and sk in test_final[p]:
-                        pol[p][f"initial/{sk}"].append(ks[0])
-                        pol[p][f"final/{sk}"].append(test_final[p][sk])
-                own_steps = [s for s in r["steps"] if s["policy"] == p]
-                pol[p]["peer_rows_total"].append(float(sum(s.get("peer_rows", 0) for s in own_steps)))
-                pol[p]["rows_used_per_step"].append(
-                    statistics.fmean(s.get("peer_rows", 0) for s in own_steps) if own_steps else 0.0)
-                for tk in THL_KEYS:
-                    got = [s[tk] for s in own_steps if tk in s]
-                    if got:
-                        pol[p][tk].append(statistics.fmean(got))
-        if not finals:
-            continue
-        entry: dict[str, Any] = {
-            "avg_test_acc_final": _stat(finals), "avg_curve_acc_initial": _stat(init),
-            "avg_curve_acc_best": _stat(bests), "avg_gain_pts": _stat(gains), "curve_split": key.split("_")[0],
-            "seeds": [r["seed"] for r in rs], "single_model": single_model(rs[0]),
-            "compute_per_run": {k: _stat(v) for k, v in spent.items()},
-        }
-        if vals:
-            entry["avg_val_acc_final"] = _stat(vals)
-        for kind in ("initial", "final", "best"):
-            entry[f"per_policy_{kind}"] = {p: _stat(v[kind]) for p, v in pol.items()}
-        entry["per_policy_skill_initial"] = {p: {k.split("/", 1)[1]: _stat(x) for k, x in v.items()
-                                                 if k.startswith("initial/")} for p, v in pol.items()}
-        entry["per_policy_skill_final"] = {p: {k.split("/", 1)[1]: _stat(x) for k, x in v.items()
-                                               if k.startswith("final/")} for p, v in pol.items()}
-        entry["peer_rows_total"] = {p: _stat(v["peer_rows_total"]) for p, v in pol.items()}
-        entry["rows_used_per_step"] = {p: _stat(v["rows_used_per_step"]) for p, v in pol.items()}
-        entry["thl_residual"] = {p: {k: _stat(v[k]) for k in THL_KEYS if v.get(k)} for p, v in pol.items()}
-        out[arm] = entry
+        entry = _arm_summary(rs, key)
+        if entry is not None:
+            out[arm] = entry
     return out
+
+
+def _arm_summary(rs: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
+    """:func:`summarize`'s entry of one arm's runs ``rs`` (None when none of them has a final accuracy)."""
+    init, finals, vals, bests, gains = [], [], [], [], []
+    pol: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))  # policy -> key -> values
+    spent: dict[str, list[float]] = defaultdict(list)
+    for r in rs:
+        _, avg = _series(r["evals"], "average", key)
+        final = evidence.final_accuracy(r, "test")
+        if not avg or final is None:
+            continue
+        init.append(avg[0])
+        finals.append(final)
+        if (v := evidence.final_accuracy(r, "val")) is not None:
+            vals.append(v)
+        bests.append(max(avg))
+        gains.append(100 * (avg[-1] - avg[0]))
+        for k, v in evidence.compute_spent(r).items():
+            spent[k].append(v)
+        _policy_values(r, key, pol)
+    if not finals:
+        return None
+    entry: dict[str, Any] = {
+        "avg_test_acc_final": _stat(finals), "avg_curve_acc_initial": _stat(init),
+        "avg_curve_acc_best": _stat(bests), "avg_gain_pts": _stat(gains), "curve_split": key.split("_")[0],
+        "seeds": [r["seed"] for r in rs], "single_model": single_model(rs[0]),
+        "compute_per_run": {k: _stat(v) for k, v in spent.items()},
+    }
+    if vals:
+        entry["avg_val_acc_final"] = _stat(vals)
+    for kind in ("initial", "final", "best"):
+        entry[f"per_policy_{kind}"] = {p: _stat(v[kind]) for p, v in pol.items()}
+    entry["per_policy_skill_initial"] = {p: {k.split("/", 1)[1]: _stat(x) for k, x in v.items()
+                                             if k.startswith("initial/")} for p, v in pol.items()}
+    entry["per_policy_skill_final"] = {p: {k.split("/", 1)[1]: _stat(x) for k, x in v.items()
+                                           if k.startswith("final/")} for p, v in pol.items()}
+    entry["peer_rows_total"] = {p: _stat(v["peer_rows_total"]) for p, v in pol.items()}
+    entry["rows_used_per_step"] = {p: _stat(v["rows_used_per_step"]) for p, v in pol.items()}
+    entry["thl_residual"] = {p: {k: _stat(v[k]) for k in THL_KEYS if v.get(k)} for p, v in pol.items()}
+    return entry
+
+
+def _policy_values(r: dict[str, Any], key: str, pol: dict[str, dict[str, list[float]]]) -> None:
+    """Add run ``r``'s per-policy figures to ``pol`` (policy -> figure -> one value per run): accuracy
+    initial, final (test) and best on the curve, per skill, peer rows and THL residuals."""
+    test_final = evidence.final_per_policy(r, "test")
+    for p in r["policies"]:
+        _, ys = _series(r["evals"], p, key)
+        if not ys or p not in test_final:
+            continue
+        pol[p]["initial"].append(ys[0])
+        pol[p]["final"].append(test_final[p]["all"])
+        pol[p]["best"].append(max(ys))
+        for sk in skills(r):
+            _, ks = _series(r["evals"], p, f"{key}/{sk}")
+            if ks and sk in test_final[p]:
+                pol[p][f"initial/{sk}"].append(ks[0])
+                pol[p][f"final/{sk}"].append(test_final[p][sk])
+        own_steps = [s for s in r["steps"] if s["policy"] == p]
+        pol[p]["peer_rows_total"].append(float(sum(s.get("peer_rows", 0) for s in own_steps)))
+        pol[p]["rows_used_per_step"].append(
+            statistics.fmean(s.get("peer_rows", 0) for s in own_steps) if own_steps else 0.0)
+        for tk in THL_KEYS:
+            got = [s[tk] for s in own_steps if tk in s]
+            if got:
+                pol[p][tk].append(statistics.fmean(got))
 
 
 def share_of_peers(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
