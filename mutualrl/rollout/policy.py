@@ -34,22 +34,22 @@ from mutualrl.allocation.memory import (
 )
 from mutualrl.allocation.memory import price as memory_price
 from mutualrl.config import GenerationConfig, GRPOOptions, PeftConfig
-from mutualrl.run.devices import cpu_has_native_bf16, resolve_dtype
-from mutualrl.rollout.engines.base import GenerationEngine, SamplingParams, cache_kwarg, dedupe_prompts, left_pad
+from mutualrl.rollout.engines.base import (
+    GenerationEngine,
+    SamplingParams,
+    cache_kwarg,
+    dedupe_prompts,
+    left_pad,
+)
 from mutualrl.rollout.engines.head import HEAD_BLOCK_COLUMNS, decoder_and_head
 from mutualrl.rollout.engines.hf import HFEngine
 from mutualrl.rollout.engines.vllm import VLLMEngine
-from mutualrl.run.fsdp import ShardedWeights
-from mutualrl.rollout.modeling import (
-    check_lora_head,
-    disable_dropout,
-    format_prompt,
-    generation_stop_ids,
-    tokenizer_fingerprint,
-)
-from mutualrl.thl.peer import stop_ids_of
-from mutualrl.thl.retokenize import encode_completion
+from mutualrl.rollout.loading import load_lm
+from mutualrl.rollout.modeling import format_prompt, tokenizer_fingerprint
 from mutualrl.rollout.token_tensors import LOGITS_BUDGET, head_logprobs
+from mutualrl.run.devices import cpu_has_native_bf16, resolve_dtype
+from mutualrl.run.fsdp import ShardedWeights
+from mutualrl.thl.retokenize import encode_completion
 
 
 @dataclass
@@ -96,8 +96,6 @@ class Policy:
                  prompt_template: str = "{question} Answer: ", system_prompt: str | None = None,
                  seed: int = 0, device: str = "cpu", peft: PeftConfig | None = None,
                  generation: GenerationConfig | None = None, vllm_memory_fraction: float | None = None) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         self.name = name
         self.model_path = model_path
         self.options = options
@@ -109,40 +107,16 @@ class Policy:
             warnings.warn("dtype: bfloat16 on a CPU without native bf16 matmuls (no avx512_bf16/amx_bf16): "
                           "bf16 autocast is emulated there and much slower than float32 "
                           "(see docs/performance.md)", RuntimeWarning, stacklevel=2)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
-        model.config.use_cache = True
-        disable_dropout(model)
-        tok = self.tokenizer
-        if tok.eos_token_id is None:
-            raise ValueError(f"tokenizer of {model_path!r} has no EOS token; generation could never stop")
-        self.eos_ids = set(stop_ids_of(tok, generation_stop_ids(getattr(model, "generation_config", None))))
-        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        if options.gradient_checkpointing:  # transformers >= 5.20 renamed it
-            if hasattr(model, "activation_checkpointing_enable"):
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.tokenizer, model, self.eos_ids, self.pad_id = load_lm(
+            model_path, self.device, gradient_checkpointing=options.gradient_checkpointing, peft=peft, name=name,
+            engine=generation.engine if generation else "hf")
         self.lora = peft is not None
-        if peft is not None:
-            from peft import LoraConfig, get_peft_model
-
-
-            check_lora_head(model, peft.target_modules, name,
-                            engine=generation.engine if generation else "hf")
-            model = get_peft_model(model, LoraConfig(r=peft.r, lora_alpha=peft.lora_alpha,
-                                                     lora_dropout=peft.lora_dropout,
-                                                     target_modules=peft.target_modules, task_type="CAUSAL_LM"))
         self.model = model
         self.sampler_model: torch.nn.Module = model
         """The weights the sampler reads: the model itself, or under FSDP its gathered full copy."""
         self.fsdp: ShardedWeights | None = None
         """The FSDP state once :meth:`shard` ran (``policies[i].fsdp``)."""
-        self.ref_model = None
-        if options.beta > 0 and not self.lora:
-            self.ref_model = copy.deepcopy(model).eval()
-            for p in self.ref_model.parameters():
-                p.requires_grad_(False)
+        self.ref_model = _frozen_copy(model) if options.beta > 0 and not self.lora else None
         self.optimizers: dict[str, torch.optim.Optimizer] = {POLICY_PHASE: self._adamw(options.learning_rate)}
         """One AdamW per optimizer phase: the policy's own (``policy``) and one per phase a sharing
         step asks for (:meth:`add_optimizer`), each with its own state."""
@@ -449,6 +423,14 @@ class Policy:
     def close(self) -> None:
         """Shut the sampling engine down."""
         self.engine.close()
+
+
+def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` in eval mode that no gradient reaches (the KL reference)."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
 
 
 def _adamw_impl(device: torch.device, sharded: bool = False) -> dict[str, bool]:

@@ -305,10 +305,7 @@ class HFEngine:
         logits, past = self._forward(ids, mask_full[:, :width], pos, None, None)
         if self.blocked_head is None:
             self._check_blocked_head(ids, mask_full[:, :width], pos, logits)
-        buf = None
-        if self.blocked_head and not self._packing:
-            weight = self._parts[1].weight
-            buf = torch.empty((b, weight.shape[0]), dtype=weight.dtype, device=dev)
+        buf = self._head_buffer(b)
         sel = torch.tensor(inv, device=dev)
         step = self._lean_applies(width + max_new) if max_new > 1 else None
         cache = StaticKV(past, step.num_layers, sel, width + max_new) if step is not None else None
@@ -319,14 +316,8 @@ class HFEngine:
         if len(uniq) < b:
             mask_full, pos, logits = mask_full[sel], pos[sel], logits[sel]
         pos = pos[:, -1:]
-        mask4 = (mask_full.bool()[:, None, None, :]
-                 if cache is None and self.mask_4d is not False and self._mask_4d_applies(width + max_new) else None)
-        if cache is not None:  # the additive mask, built once (SDPA would convert a boolean one every layer)
-            zero = torch.zeros((), dtype=cache.keys[0].dtype, device=dev)
-            mask_add = zero.expand(mask_full.shape).masked_fill(mask_full == 0, -math.inf)[:, None, None, :]
-        gen = self.generator
-        if gen.device != dev:  # draw on the device (no host round trip per token), seeded from the host generator
-            gen = torch.Generator(device=dev).manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.generator)))
+        mask4, mask_add = self._decode_masks(mask_full, cache, width + max_new)
+        gen = self._device_generator()
         steps = 0
         for t in range(max_new):
             tok, tok_lp = sample_tokens(logits, params.temperature, params.top_p, gen, params.greedy)
@@ -349,11 +340,34 @@ class HFEngine:
             else:
                 m = mask4[..., :kv] if mask4 is not None and self.mask_4d else mask_full[:, :kv]
                 logits, past = self._forward(step_ids, m, pos, past, buf)
-        toks = out_tok[:, :steps].tolist()
-        lps = out_lp[:, :steps].tolist()
-        lens = lengths.tolist()
-        return Generation([toks[i][:lens[i]] for i in range(b)], [lps[i][:lens[i]] for i in range(b)],
-                          finished.tolist())
+        return _generation(out_tok[:, :steps], out_lp[:, :steps], lengths, finished)
+
+    def _head_buffer(self, rows: int) -> torch.Tensor | None:
+        """The logits buffer the blocked LM head fills at every decoding step (None: the head is not
+        blocked, or packed weights compute it)."""
+        if not (self.blocked_head and not self._packing):
+            return None
+        weight = self._parts[1].weight
+        return torch.empty((rows, weight.shape[0]), dtype=weight.dtype, device=self.device)
+
+    def _decode_masks(self, mask_full: torch.Tensor, cache: StaticKV | None,
+                      capacity: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The masks decoding reads beside the 2D one: (a 4D boolean mask for the model's own forward
+        where it may apply, the static cache's additive mask); each None where not used."""
+        if cache is not None:  # the additive mask, built once (SDPA would convert a boolean one every layer)
+            zero = torch.zeros((), dtype=cache.keys[0].dtype, device=self.device)
+            return None, zero.expand(mask_full.shape).masked_fill(mask_full == 0, -math.inf)[:, None, None, :]
+        if self.mask_4d is not False and self._mask_4d_applies(capacity):
+            return mask_full.bool()[:, None, None, :], None
+        return None, None
+
+    def _device_generator(self) -> torch.Generator:
+        """The sampling generator on the engine's device: draws there (no host round trip per token),
+        seeded from the host generator."""
+        if self.generator.device == self.device:
+            return self.generator
+        seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+        return torch.Generator(device=self.device).manual_seed(seed)
 
     def _check_lean(self, lean_logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
                     past: Any, cache: StaticKV) -> tuple[StaticKV | None, torch.Tensor, Any]:
@@ -365,3 +379,11 @@ class HFEngine:
         if self.lean:
             return cache, lean_logits, None
         return None, logits, past
+
+
+def _generation(tokens: torch.Tensor, logprobs: torch.Tensor, lengths: torch.Tensor,
+                finished: torch.Tensor) -> Generation:
+    """The sampled rows ``[B, T]`` cut to each row's length."""
+    toks, lps, lens = tokens.tolist(), logprobs.tolist(), lengths.tolist()
+    return Generation([t[:n] for t, n in zip(toks, lens, strict=True)],
+                      [lp[:n] for lp, n in zip(lps, lens, strict=True)], finished.tolist())
