@@ -210,3 +210,23 @@ def test_the_ranks_allreduce_is_calibrated_apart_from_their_compute(tiny_config)
     assert r / 2 + u / 2 + costs.allreduce_s(0, 2) == pytest.approx(0.30 + 0.50, rel=1e-9)
     assert costs.allreduce_s(1, 2) == pytest.approx(  # the other policy: still the prior
         allreduce_seconds(costs.effective_params(1), 2, CPU_ALLREDUCE_GB_S))
+
+
+def test_the_cost_model_prices_a_policys_own_sharing_overrides():
+    """A policy that trains on more peer rollouts per prompt (its ``policies[i].sharing`` override)
+    costs more to update than its twin on the run's setting, and the cost model reads the very
+    settings objects the plan hands each worker."""
+    from mutualrl.config.resolve import plan_of
+
+    policies = [{"name": f"p{i}", "model": "/nonexistent/m"} for i in range(2)]
+    policies[1]["sharing"] = {"prp": {"max_per_prompt": 2}}
+    cfg = _cfg(policies=policies, sharing={"strategy": "prp", "prp": {"max_per_prompt": 0}})
+    plan = plan_of(cfg)
+    assert plan.spec(0).sharing["prp"].max_per_prompt == 0 and plan.spec(1).sharing["prp"].max_per_prompt == 2
+    costs = CostModel(cfg, [1000, 1000], settings=[plan.spec(i).sharing for i in range(2)])
+    own, more = costs.flops(0), costs.flops(1)
+    assert own.rollout_flops == more.rollout_flops
+    # 4 prompts x (4 own + 2 peer) rows against 4 x 4: the update scales with its rows
+    assert more.update_flops == pytest.approx(own.update_flops * (4 * 4 + 4 * 2) / (4 * 4))
+    # resolved from the config (no plan at hand) it is the same price
+    assert CostModel(cfg, [1000, 1000]).flops(1).update_flops == more.update_flops

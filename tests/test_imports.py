@@ -165,3 +165,26 @@ def test_function_local_imports_only_where_they_keep_a_heavy_dependency_away():
         bad.append(f"mutualrl/{name.replace('.', '/')}.py:{line} imports {mod} inside a function "
                    f"(it loads nothing heavy that the module does not: import it at the top)")
     assert not bad, "\n".join(bad)
+
+
+def test_the_modules_of_release_0_1_still_import_under_their_old_names_with_a_warning():
+    """A user's ``from mutualrl.trainer import MutualTrainer`` keeps working until release 0.3.0: the
+    same module object as the new name (one class, not a copy), with a FutureWarning naming the
+    new place."""
+    import importlib
+    import sys
+    import warnings
+
+    import mutualrl
+
+    assert set(mutualrl.MOVED) and all((PACKAGE / new.replace(".", "/")).with_suffix(".py").is_file()
+                                       or (PACKAGE / new.replace(".", "/")).is_dir() for new in mutualrl.MOVED.values())
+    for old, new in (("resolve", "config.resolve"), ("engines.head", "rollout.engines.head")):
+        sys.modules.pop(f"mutualrl.{old}", None)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            moved = importlib.import_module(f"mutualrl.{old}")
+        assert moved is importlib.import_module(f"mutualrl.{new}")
+        assert moved.__spec__.name == f"mutualrl.{new}"
+        assert any(issubclass(w.category, FutureWarning) and f"mutualrl.{new}" in str(w.message)
+                   and "0.3.0" in str(w.message) for w in seen)

@@ -23,7 +23,6 @@ from mutualrl.algorithms.strategies.prp import PRPSettings, chunk_weights
 from mutualrl.algorithms.update import train_on_batch
 from mutualrl.config import GRPOOptions
 from mutualrl.experience import Rollout, VerifiedSuccess
-from mutualrl.config.legacy import LEGACY_SHARING
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -68,20 +67,11 @@ def _align(r: Rollout, prompt_ids=()):
     return PeerTrace(ids, chunks, {"chunks": float(len(chunks)), "noncanonical": 0.0})
 
 
-def _blocks(**flat):
-    """``sharing.<step>`` blocks from the flat names of earlier releases (``sgt_lambda=0.3``)."""
-    out: dict = {}
-    for old, value in flat.items():
-        name, steps = LEGACY_SHARING[old]
-        for step in steps:
-            out.setdefault(step, {})[name] = value
-    return out
-
-
-def _ctx(task, groups, records=(), *, options=None, **sharing):
+def _ctx(task, groups, records=(), *, options=None, blocks=None):
+    """A context of ``groups`` and peer ``records``; ``blocks``: the ``sharing.<step>`` blocks _build uses."""
     ctx = ShareContext(groups, PeerRows.from_records(list(records)), options or GRPOOptions(dynamic_sampling="off"),
                        _scorer(task), _encode, _align)
-    ctx.sharing_blocks = _blocks(**sharing)  # what _build passes on
+    ctx.sharing_blocks = blocks  # what _build passes on
     return ctx
 
 
@@ -212,7 +202,7 @@ def test_sgt_adds_one_rescue_row_when_open_and_verified(task):
     (p0,) = task.problems("train", 1)
     good = p0.answer
     records = [_success(p0, _wrong(p0.answer)), _success(p0, good), _success(p0, good + "\n")]
-    ctx = _ctx(task, [_group(p0, [0, 0, 0, 0])], records, sgt_lambda=0.3)
+    ctx = _ctx(task, [_group(p0, [0, 0, 0, 0])], records, blocks={"sgt": {"weight": 0.3}})
     batch = _build("sgt", ctx)
     rescue = [r for r in batch.rows if r.kind == "rescue"]
     assert len(rescue) == 1
@@ -227,10 +217,10 @@ def test_sgt_respects_max_per_step(task):
     probs = task.problems("train", 3)
     groups = [_group(p, [0, 0]) for p in probs]
     records = [_success(p, p.answer) for p in probs]
-    batch = _build("sgt", _ctx(task, groups, records, sgt_max_per_step=2))
+    batch = _build("sgt", _ctx(task, groups, records, blocks={"sgt": {"max_rows": 2}}))
     assert sum(r.kind == "rescue" for r in batch.rows) == 2
     assert batch.metrics["sgt_gate_open"] == 3
-    batch0 = _build("sgt", _ctx(task, groups, records, sgt_max_per_step=0))
+    batch0 = _build("sgt", _ctx(task, groups, records, blocks={"sgt": {"max_rows": 0}}))
     assert sum(r.kind == "rescue" for r in batch0.rows) == 0
 
 
@@ -253,7 +243,7 @@ def test_prp_adds_reverified_peer_rows_with_pooled_advantages(task):
     # the peer claims reward 1 for a wrong answer and 0 for the right one: the learner re-verifies
     records = [_rollout(p0, p0.answer, 0.0, idx=0), _rollout(p0, _wrong(p0.answer), 1.0, idx=1),
                _rollout(p0, "REFUSE", 1.0, idx=2)]
-    ctx = _ctx(task, [_group(p0, [1, 0, 0, 0])], records, prp_peer_weight=0.25, prp_max_peer_per_prompt=3)
+    ctx = _ctx(task, [_group(p0, [1, 0, 0, 0])], records, blocks={"prp": {"weight": 0.25, "max_per_prompt": 3}})
     batch = _build("prp", ctx)
     own = [r for r in batch.rows if r.kind == "own"]
     peer = [r for r in batch.rows if r.kind == "peer"]
@@ -273,7 +263,7 @@ def test_prp_adds_reverified_peer_rows_with_pooled_advantages(task):
 def test_prp_caps_peers_per_prompt(task):
     (p0,) = task.problems("train", 1)
     records = [_rollout(p0, p0.answer, idx=i, source=f"peer{i}") for i in range(5)]
-    batch = _build("prp", _ctx(task, [_group(p0, [0, 0])], records, prp_max_peer_per_prompt=2))
+    batch = _build("prp", _ctx(task, [_group(p0, [0, 0])], records, blocks={"prp": {"max_per_prompt": 2}}))
     assert sum(r.kind == "peer" for r in batch.rows) == 2
 
 
@@ -501,7 +491,7 @@ def test_guide_puts_a_verified_peer_success_into_a_failed_group(task):
     assert batch.metrics["guide_rows"] == 1 and batch.metrics["guide_refused"] == 1  # the wrong one
     assert batch.metrics["peer_rows"] == 1 and batch.metrics["peer_rows/peer"] == 1
     # p1's group had a success: no guidance there unless the gate allows it
-    gated = _build("guide", _ctx(task, ctx.groups, records, guide_gate=0.25))
+    gated = _build("guide", _ctx(task, ctx.groups, records, blocks={"guide": {"gate": 0.25}}))
     assert gated.metrics["guide_rows"] == 2
 
 
@@ -527,19 +517,19 @@ def test_guide_rows_train_off_policy_with_shaping(gpt2_policy):
 
 
 def test_imitate_mixes_peer_successes_where_failed_and_own_where_solved(task):
-    from mutualrl.algorithms.sharing import PastFailure
+    from mutualrl.algorithms.replay import PastFailure, Replay
 
     p0, p1, p2 = task.problems("train", 3)
     groups = [_group(p0, [0, 0, 0, 0]), _group(p1, [0, 1, 0, 0])]
     records = [_success(p0, p0.answer)]
-    ctx = _ctx(task, groups, records, sgt_lambda=0.5)
+    ctx = _ctx(task, groups, records, blocks={"imitate": {"weight": 0.5}})
     batch = _build("imitate", ctx)
     rescue = [r for r in batch.rows if r.kind == "imitate"]
     assert [r.completion_ids for r in rescue] == [_encode(None, p0.answer), groups[1].completion_ids[1]]
     assert all(r.weight == 0.5 for r in rescue)
     assert batch.metrics["imitate_rescue"] == 1 and batch.metrics["imitate_own"] == 1
     # replay: a peer success for a prompt failed at an earlier step joins, capped with the fresh ones
-    ctx.history = [PastFailure(p2, [7, 8], [_success(p2, p2.answer)], 0)]
+    ctx.gathered["imitate"] = Replay(failures=[PastFailure(p2, [7, 8], [_success(p2, p2.answer)], 0)])
     batch = _build("imitate", ctx)
     assert batch.metrics["imitate_rescue"] == 2 and batch.metrics["imitate_replayed"] == 1
     ctx.sharing_blocks = {"imitate": {"max_rows": 1}}

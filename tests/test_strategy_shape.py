@@ -22,9 +22,9 @@ from mutualrl.algorithms.registry import (
     register_strategy,
     unregister_strategy,
 )
+from mutualrl.algorithms.replay import PastSuccess, Replay
 from mutualrl.algorithms.sharing import (
     OwnGroup,
-    PastSuccess,
     PeerRows,
     ShareContext,
     TrainRow,
@@ -32,9 +32,9 @@ from mutualrl.algorithms.sharing import (
     own_rows_by_prompt,
 )
 from mutualrl.config import GRPOOptions
-from mutualrl.errors import ConfigError
 from mutualrl.config.resolve import load_config
 from mutualrl.config.schema import bounded
+from mutualrl.errors import ConfigError
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mutualrl"
 
@@ -52,6 +52,18 @@ def test_update_and_worker_name_no_strategy_and_no_row_kind():
         literals = [w for w in sorted(names | kinds | {"independent", "own"}) if re.search(rf"[\"']{w}[\"']", text)]
         flat = re.findall(r"\b(?:sgt|prp|guide)_[a-z_]+", text)
         assert not (words or literals or flat), f"{f} names {words} {literals} {flat}"
+
+
+def test_the_worker_names_no_record_kind_a_step_owns_and_builds_no_steps_context():
+    """What a step reads beyond its own groups and peer rows it gathers itself (its ``gather`` hook):
+    the worker names no record kind a registered step reads, and holds no replay of its own."""
+    owned = set().union(*(parse_strategy(n).reads for n in available_strategies()))
+    assert owned  # the check has something to find
+    text = (PACKAGE / "run/worker.py").read_text()
+    named = [k for k in sorted(owned) if re.search(rf"[\"']{k}[\"']", text)]
+    assert not named, f"run/worker.py names record kinds {named}"
+    for word in ("_history", "PastFailure", "PastSuccess", "Replay", "replay_steps"):
+        assert word not in text, f"run/worker.py holds a step's context ({word})"
 
 
 # ----------------------------------------------------------------------------- a step of your own
@@ -204,7 +216,8 @@ def _ctx_with_own_history(task):
     older = task.problems("train")[5:8]
     ctx = ShareContext(_groups(task), PeerRows(), GRPOOptions(dynamic_sampling="off"),
                        lambda ps, cs: ([1.0] * len(cs), [1.0] * len(cs)), lambda ids, t: [ord(c) for c in t] + [0],
-                       own_history=[PastSuccess(p, [9], p.answer, 0) for p in older])
+                       gathered={n: Replay(successes=[PastSuccess(p, [9], p.answer, 0) for p in older])
+                                 for n in ("imitate", "self_imitate")})
     return ctx, older
 
 
@@ -221,8 +234,6 @@ def test_self_imitate_extra_rows_come_from_own_earlier_successes(task):
     budget = {"self_imitate": {"extra_rows": 3, "replay_steps": 3, "match_tokens": 5 + first + 1}}
     tokens = build_batch("self_imitate", ctx, budget)
     assert tokens.metrics["self_imitate_extra"] == 2  # one short of the budget after the first, past it after two
-    assert parse_strategy("self_imitate").replay_steps({"self_imitate": {"extra_rows": 2, "replay_steps": 3}}) == 3
-    assert parse_strategy("self_imitate").replay_steps({"self_imitate": {"replay_steps": 3}}) == 0
 
 
 def test_imitate_own_extra_rows_are_the_controls_rows_under_imitates_kind(task):
@@ -326,8 +337,8 @@ def test_the_strategy_list_the_cli_shows_is_the_registry(tmp_path, monkeypatch, 
 def test_earlier_own_rows_without_replay_steps_are_refused_naming_the_field(tiny_config, block, field):
     """Earlier own successes come from the last ``replay_steps`` steps: asking for them with none is
     refused at load time, naming the field and the fix, instead of silently adding nothing."""
-    from mutualrl.errors import ConfigError
     from mutualrl.config.resolve import load_config
+    from mutualrl.errors import ConfigError
 
     strategy = next(iter(block))
     with pytest.raises(ConfigError) as exc:

@@ -28,6 +28,7 @@ from typing import Literal
 
 import torch
 
+from mutualrl.algorithms.batch import BatchCounts
 from mutualrl.config import GRPOOptions
 
 Reduction = Literal["policy_gradient", "per_prompt"]
@@ -99,22 +100,6 @@ def loss_term(name: str) -> LossTerm:
 def registered_losses() -> list[str]:
     """Names of every registered loss term."""
     return sorted(_TERMS)
-
-
-@dataclass(frozen=True)
-class BatchCounts:
-    """The denominators of the reductions, counted over the whole batch (every rank of a policy)."""
-
-    sequences: int
-    """Rows reduced by ``policy_gradient``."""
-    tokens: int
-    """Their completion tokens."""
-    prompts: int
-    """The step's prompts."""
-
-    def __add__(self, other: BatchCounts) -> BatchCounts:
-        return BatchCounts(self.sequences + other.sequences, self.tokens + other.tokens,
-                           self.prompts + other.prompts)
 
 
 def reduce(per_token: torch.Tensor, mask: torch.Tensor, reduction: Reduction, counts: BatchCounts,

@@ -14,9 +14,11 @@ rest of mutualrl needs to know of it, so nothing outside the step's module names
   intact, in group order; ``pooled_advantages``: own advantages over a group pooled with peers,
   which at most one step may provide). A chain is put in an order where every step finds what it
   needs, or refused;
-- ``conflicts``, ``replay_steps`` (how many earlier steps' failed prompts it replays, from its
-  settings) and ``peer_rollouts`` (how many peer rollouts per prompt it trains on: the resource
-  plan prices them).
+- ``conflicts``, and ``peer_rollouts`` (how many peer rollouts per prompt it trains on: the
+  resource plan prices them);
+- ``gather``: a hook that fetches what the step needs beyond the step's own groups and peer rows
+  (a replay of earlier steps, peers' scores) through the worker's
+  :class:`~mutualrl.algorithms.context.StepSource`; the step reads it from ``ctx.gathered``.
 """
 
 from __future__ import annotations
@@ -28,16 +30,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mutualrl.algorithms.batch import OWN  # noqa: F401  (the own rows' kind, re-exported beside the other names)
 from mutualrl.algorithms.losses import LossTerm, loss_term
-from mutualrl.experience import KINDS
 from mutualrl.config.schema import build, check_bounds
+from mutualrl.experience import KINDS
 
 if TYPE_CHECKING:
     import torch
 
 BASE = "independent"
-OWN = "own"
-"""The row kind of the learner's own samples (the base step's)."""
 POLICY_PHASE = "policy"
 """The optimizer step every policy takes (the GRPO step at ``grpo.learning_rate``)."""
 OWN_GROUPS = "own_groups"
@@ -97,6 +98,10 @@ class BoundKind:
         return self.kind.weights(rows, cur_logp, width, self.settings)
 
 
+GatherFn = Callable[[Any, Any], Any]
+"""``gather(source, settings)``: what a step fetches before the batch is built (``source`` a
+:class:`~mutualrl.algorithms.context.StepSource`); None when it needs nothing this step."""
+
 StrategyFn = Callable[..., None]
 """``fn(ctx, batch)``, or ``fn(ctx, batch, settings)`` for a step that declares ``settings``."""
 
@@ -115,8 +120,8 @@ class StrategyStep:
     breaks: frozenset[str]
     conflicts: frozenset[str]
     description: str = ""
-    replay_steps: Callable[[Any], int] | None = None
     peer_rollouts: Callable[[Any], int] | None = None
+    gather: GatherFn | None = None
 
     def run(self, ctx: Any, batch: Any, settings: Any) -> None:
         """Apply the step (with its settings when it declares any)."""
@@ -148,13 +153,16 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 def register_strategy(name: str, *, settings: type | None = None, rows: Mapping[str, RowKind] | None = None,
                       reads: Sequence[str] = (), needs: Sequence[str] = (), provides: Sequence[str] = (),
                       breaks: Sequence[str] = (), conflicts: Sequence[str] = (), description: str = "",
-                      replay_steps: Callable[[Any], int] | None = None,
-                      peer_rollouts: Callable[[Any], int] | None = None) -> Callable[[StrategyFn], StrategyFn]:
+                      peer_rollouts: Callable[[Any], int] | None = None,
+                      gather: GatherFn | None = None) -> Callable[[StrategyFn], StrategyFn]:
     """Register a strategy step under ``name`` (usable in ``sharing.strategy``, chained with '+').
 
     ``settings`` is a dataclass (fields made with :func:`mutualrl.config.schema.bounded`) read from the
     config's ``sharing.<name>:`` block; the step is then called as ``fn(ctx, batch, settings)``.
     ``rows`` maps each row kind the step adds to its :class:`RowKind` (a kind belongs to one step).
+    ``gather(source, settings)``, when given, runs before the batch is built and fetches what the
+    step needs from the exchange (through a :class:`~mutualrl.algorithms.context.StepSource`); the
+    step finds it in ``ctx.gathered[name]``.
     A name can be registered once; a second registration raises ``ValueError``.
     """
     if not _NAME.match(name):
@@ -177,8 +185,7 @@ def register_strategy(name: str, *, settings: type | None = None, rows: Mapping[
                              "choose another name")
         _REGISTRY[name] = StrategyStep(name, fn, settings, rows, frozenset(reads), frozenset(needs),
                                        frozenset(provides), frozenset(breaks), frozenset(conflicts),
-                                       description or _first_sentence(fn.__doc__), replay_steps,
-                                       peer_rollouts)
+                                       description or _first_sentence(fn.__doc__), peer_rollouts, gather)
         for kind in rows:
             _KIND_OWNER[kind] = name
         return fn
@@ -255,11 +262,6 @@ class Strategy:
         bound = self.settings(sharing)
         return {kind: BoundKind(kind, s.name, spec, bound.get(s.name))
                 for s in self.all_steps for kind, spec in s.rows.items()}
-
-    def replay_steps(self, sharing: Any = None) -> int:
-        """How many earlier steps' failed prompts the chain replays (0: none)."""
-        bound = self.settings(sharing)
-        return max([s.replay_steps(bound.get(s.name)) for s in self.steps if s.replay_steps] or [0])
 
     def peer_rollouts_per_prompt(self, sharing: Any = None) -> int:
         """Peer rollouts per prompt the chain trains on (their cost belongs in the learner's update)."""

@@ -3,10 +3,11 @@
 A strategy is a chain of registered steps (``xgrpo+sgt``; :mod:`mutualrl.algorithms.registry`
 declares what a step is and parses a name). The base step (``independent``: own samples, own
 group advantages) always runs first; each sharing step then adds rows of its own kinds and may
-rewrite own advantages. This module holds what the steps read and write: the learner's own groups
-(:class:`OwnGroup`), the peers' rows in fair order (:class:`PeerRows`), the context
-(:class:`ShareContext`), the batch (:class:`TrainBatch` of :class:`TrainRow`), the helpers the
-built-in steps share (re-verification, the pooled advantages) and :func:`build_batch`.
+rewrite own advantages. What the steps read is in :mod:`mutualrl.algorithms.context` (the
+learner's own groups, the peers' rows, :class:`ShareContext`), what they write in
+:mod:`mutualrl.algorithms.batch`; this module is a step author's one import: those names, the
+helpers the built-in steps share (re-verification, the pooled advantages), :func:`gather_context`
+(each step's ``gather`` hook) and :func:`build_batch`.
 
 The built-in steps live in :mod:`mutualrl.algorithms.strategies` (one module each: ``prp``,
 ``xgrpo``, ``sgt``, ``guide``, ``imitate`` and ``self_imitate``); the ``mutualrl.algorithms``
@@ -15,14 +16,22 @@ package imports them, so they are registered before anything of it is used.
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import math
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from mutualrl.algorithms.batch import TrainBatch, TrainRow
+from mutualrl.algorithms.context import (
+    AlignFn,
+    EncodeFn,
+    OwnGroup,
+    PeerRows,
+    ScoreFn,
+    ShareContext,
+    StepSource,
+    fair_order,
+)
 from mutualrl.algorithms.grpo import pooled_advantages
 from mutualrl.algorithms.registry import (
     BASE,
@@ -38,198 +47,32 @@ from mutualrl.algorithms.registry import (
     parse_strategy,
     register_strategy,
 )
-from mutualrl.experience import GroupOutcome, Rollout, VerifiedSuccess
+from mutualrl.experience import VerifiedSuccess
 from mutualrl.tasks.base import SUCCESS_THRESHOLD, Problem
-from mutualrl.thl.peer import PeerTrace
 
 if TYPE_CHECKING:
     from mutualrl.config import GRPOOptions
 
-__all__ = ["BASE", "OWN", "BoundKind", "OwnGroup", "PastFailure", "PastSuccess", "PeerRows", "RowKind", "ShareContext", "Strategy",
-           "StrategyError", "StrategyStep", "TrainBatch", "TrainRow", "available_strategies", "build_batch",
-           "check_strategy_name", "fair_order", "own_rows_by_prompt", "own_success_row", "parse_strategy",
-           "pool_with_peers", "register_strategy", "trained_tokens", "trains", "verified_successes"]
+__all__ = ["BASE", "OWN", "AlignFn", "BoundKind", "EncodeFn", "OwnGroup", "PeerRows", "RowKind", "ScoreFn",
+           "ShareContext", "StepSource", "Strategy", "StrategyError", "StrategyStep", "TrainBatch", "TrainRow",
+           "available_strategies", "build_batch", "check_strategy_name", "fair_order", "gather_context",
+           "own_rows_by_prompt", "own_success_row", "parse_strategy", "pool_with_peers", "register_strategy",
+           "trained_tokens", "trains", "verified_successes"]
 
 
-@dataclass
-class OwnGroup:
-    """The learner's own group for one prompt."""
-
-    problem: Problem
-    prompt_ids: list[int]
-    completion_ids: list[list[int]]
-    logprobs: list[list[float]]
-    rewards: list[float]
-    scores: list[float]
-    texts: list[str] = field(default_factory=list)
-    """The decoded completions (what peers receive)."""
-
-    @property
-    def informative(self) -> bool:
-        """True when the rewards differ (the group carries a GRPO signal)."""
-        return max(self.rewards) - min(self.rewards) > 1e-12
-
-    @property
-    def success_rate(self) -> float:
-        """The share of the group's samples that succeeded."""
-        return sum(sc >= SUCCESS_THRESHOLD for sc in self.scores) / max(1, len(self.scores))
-
-    @property
-    def failed(self) -> bool:
-        """True when no completion reached the success threshold (GRPO's signal may vanish)."""
-        return max(self.scores) < SUCCESS_THRESHOLD
-
-
-@dataclass
-class TrainRow:
-    """One row of the learner's training batch, in the learner's own tokens."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    advantage: float = 0.0
-    old_logprobs: list[float] | None = None
-    """Behavior log-probs (own rows). Peer rows carry ``peer_chunks`` instead."""
-    kind: str = OWN
-    """The row's kind: ``own`` (the base step's) or one a step of the strategy declares, which
-    names the loss term that trains it (:class:`~mutualrl.algorithms.registry.RowKind`)."""
-    peer_chunks: list[tuple[int, int, float]] | None = None
-    """Peer rows: (first learner token, end learner token, peer log-prob sum) per THL chunk."""
-    weight: float = 1.0
-
-
-def _base_kinds() -> dict[str, BoundKind]:
-    return parse_strategy(BASE).kinds()
-
-
-@dataclass
-class TrainBatch:
-    """What the learner trains on this step, with the metrics its strategy steps reported."""
-
-    rows: list[TrainRow] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
-    n_prompts: int = 0
-    """Prompts of the step (own groups), the denominator of ``per_prompt`` loss terms."""
-    peer_rows: Counter[str] = field(default_factory=Counter)
-    """Peer rows the steps used, by peer name (a row, a pooled reward, a rescued success):
-    logged as ``peer_rows`` and ``peer_rows/<peer>``."""
-    kinds: dict[str, BoundKind] = field(default_factory=_base_kinds)
-    """Every row kind the strategy's steps declare, bound to their settings (what the update reads)."""
-
-
-@dataclass
-class PeerRows:
-    """Peers' rows for this step's prompts, grouped by prompt id, each list in *fair order*.
-
-    The exchange returns rows oldest first and peer by peer; a step that takes the first ``n``
-    rows of a prompt would then only ever hear the first-published peer, and stale rows before
-    fresh ones. :meth:`from_records` orders each prompt's rows newest version first within each
-    peer and interleaves the peers round-robin, starting from a peer that rotates with the prompt
-    (a hash of its id), so a cap of one row per prompt still spreads over every peer.
-    """
-
-    rollouts: dict[str, list[Rollout]] = field(default_factory=lambda: defaultdict(list))
-    outcomes: dict[str, list[GroupOutcome]] = field(default_factory=lambda: defaultdict(list))
-    successes: dict[str, list[VerifiedSuccess]] = field(default_factory=lambda: defaultdict(list))
-
-    @classmethod
-    def from_records(cls, records: Sequence[Any]) -> PeerRows:
-        out = cls()
-        for r in records:
-            if isinstance(r, Rollout):
-                out.rollouts[r.prompt_id].append(r)
-            elif isinstance(r, GroupOutcome):
-                out.outcomes[r.prompt_id].append(r)
-            elif isinstance(r, VerifiedSuccess):
-                out.successes[r.prompt_id].append(r)
-        for table in (out.rollouts, out.outcomes, out.successes):
-            for pid, rows in table.items():
-                table[pid] = fair_order(pid, rows)
-        return out
-
-    def any(self) -> bool:
-        """Whether any peer row arrived."""
-        return bool(self.rollouts or self.outcomes or self.successes)
-
-    def by_source(self) -> Counter[str]:
-        """Rows that arrived, by peer (every kind)."""
-        counts: Counter[str] = Counter()
-        for table in (self.rollouts, self.outcomes, self.successes):
-            for rows in table.values():
-                counts.update(r.source_policy for r in rows)
-        return counts
-
-
-def fair_order(prompt_id: str, rows: Sequence[Any]) -> list[Any]:
-    """``rows`` of one prompt newest first within each peer, the peers interleaved round-robin from
-    a starting peer that rotates with ``prompt_id`` (deterministic)."""
-    by_peer: dict[str, list[Any]] = defaultdict(list)
-    for r in rows:
-        by_peer[r.source_policy].append(r)
-    if len(by_peer) <= 1:
-        return sorted(rows, key=lambda r: -r.version)
-    names = sorted(by_peer)
-    start = int(hashlib.sha1(prompt_id.encode("utf-8", "surrogatepass")).hexdigest()[:8], 16) % len(names)
-    queues = [sorted(by_peer[n], key=lambda r: -r.version) for n in names[start:] + names[:start]]
-    return [r for level in itertools.zip_longest(*queues) for r in level if r is not None]
-
-
-ScoreFn = Callable[[Sequence[Problem], Sequence[str]], tuple[list[float], list[float]]]
-"""(problems, completions) -> (rewards, verifier scores): the learner's one scoring path."""
-EncodeFn = Callable[[Sequence[int], str], list[int] | None]
-"""(learner prompt ids, completion text) -> the learner's ids of the text after that prompt, EOS last;
-None when the learner's tokenizer cannot represent the text (it would not decode back to it)."""
-AlignFn = Callable[[Rollout, Sequence[int]], PeerTrace]
-"""(peer rollout, learner prompt ids) -> the rollout in the learner's tokens (THL), or why not."""
-
-
-@dataclass
-class PastFailure:
-    """A prompt of an earlier step on which the learner's whole group failed, with the peers'
-    verified successes for it (what ``imitate`` replays)."""
-
-    problem: Problem
-    prompt_ids: list[int]
-    successes: list[VerifiedSuccess]
-    version: int
-
-
-@dataclass
-class PastSuccess:
-    """A prompt of an earlier step the learner solved, with one of its own verified successes (what
-    ``self_imitate`` replays with ``extra_rows``)."""
-
-    problem: Problem
-    prompt_ids: list[int]
-    completion: str
-    version: int
-
-
-@dataclass
-class ShareContext:
-    """Everything a strategy step may read (its settings come as its own argument)."""
-
-    groups: list[OwnGroup]
-    peers: PeerRows
-    options: GRPOOptions
-    score: ScoreFn
-    """The learner's own reward and verifier: a peer's claim is never trusted."""
-    encode_completion: EncodeFn
-    align_peer: AlignFn | None = None
-    history: list[PastFailure] = field(default_factory=list)
-    """Earlier steps' failed prompts with peer successes, newest first (steps that declare
-    ``replay_steps``)."""
-    own_history: list[PastSuccess] = field(default_factory=list)
-    """Earlier steps' solved prompts with one own verified success each, newest first (likewise)."""
-    world: int = 1
-    """How many data-parallel ranks share the policy's step (``policies[i].workers``): the groups
-    here are this rank's part of the step's prompts."""
-    sum_over_ranks: Callable[[Sequence[float]], list[float]] | None = None
-    """Element-wise sum over the ranks (:meth:`~mutualrl.run.distributed.RankGroup.sum`; None: one rank)."""
-
-    def rank_share(self, per_step: int) -> int:
-        """This rank's part of a per-step cap (``max_rows``, ``match_tokens``): the cap over the
-        ranks, rounded up, so the ranks together take what one worker would."""
-        return per_step if self.world <= 1 else -(-per_step // self.world)
+def gather_context(strategy: str | Strategy, source: StepSource, sharing: Any = None) -> dict[str, Any]:
+    """What each step of ``strategy`` that declares a ``gather`` hook fetches for the step (through
+    ``source``), by step name: the :attr:`ShareContext.gathered` of the step (a hook that returns
+    None leaves its step out)."""
+    strat = parse_strategy(strategy)
+    settings = strat.settings(sharing)
+    out = {}
+    for step in strat.steps:
+        if step.gather is not None:
+            got = step.gather(source, settings.get(step.name))
+            if got is not None:
+                out[step.name] = got
+    return out
 
 
 def build_batch(strategy: str | Strategy, ctx: ShareContext, sharing: Any = None) -> TrainBatch:

@@ -24,19 +24,20 @@ logged sampler/trainer mismatch and, when asked for, the truncated importance co
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 
-from mutualrl.algorithms.losses import BatchCounts, TermInputs, reduce
+from mutualrl.algorithms.batch import BatchCounts, TrainBatch, TrainRow
+from mutualrl.algorithms.losses import TermInputs, reduce
 from mutualrl.algorithms.micro_batch import MicroBatch, StatMerger, split_micro_batches
-from mutualrl.algorithms.registry import OWN, POLICY_PHASE, BoundKind
-from mutualrl.algorithms.sharing import TrainBatch, TrainRow
+from mutualrl.algorithms.registry import BASE, OWN, POLICY_PHASE, BoundKind, parse_strategy
 from mutualrl.allocation.memory import SavedBytes
-from mutualrl.run.distributed import RankGroup
-from mutualrl.run.fsdp import full_value
 from mutualrl.rollout.policy import Policy
 from mutualrl.rollout.token_tensors import pack_right, right_mask
+from mutualrl.run.distributed import RankGroup
+from mutualrl.run.fsdp import full_value
 
 
 def mismatch_stats(logp: torch.Tensor, behavior: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -53,7 +54,8 @@ def batch_counts(batch: TrainBatch, num_generations: int = 1) -> BatchCounts:
     """The reductions' denominators over ``batch``: its policy-gradient rows and their tokens, and its
     prompts (``batch.n_prompts``, else the rows over ``num_generations``; a data-parallel rank sums
     these over the ranks of its policy)."""
-    pg = [r for r in batch.rows if batch.kinds[r.kind].term.reduction == "policy_gradient"]
+    kinds = batch.kinds or parse_strategy(BASE).kinds()
+    pg = [r for r in batch.rows if kinds[r.kind].term.reduction == "policy_gradient"]
     return BatchCounts(len(pg), sum(len(r.completion_ids) for r in pg),
                        batch.n_prompts or max(1, len(pg) // max(1, num_generations)))
 
@@ -185,30 +187,53 @@ def _slot_loss(policy: Policy, slot: _Slot, it: int, counts: BatchCounts, is_cap
     return total, lp_all, pg_total
 
 
+def _phase_slots(policy: Policy, parts_rows: Sequence[tuple[BoundKind, list[TrainRow]]],
+                 ranks: RankGroup | None) -> list[_Slot]:
+    """The phase's micro-batches (:mod:`mutualrl.algorithms.micro_batch`, at most
+    ``policy.micro_batch_tokens`` forward tokens each, whole prompt groups) as slots. Under FSDP the
+    ranks agree on their number and a rank with fewer pads with dummy slots."""
+    micro: list[MicroBatch[BoundKind, TrainRow] | None] = list(split_micro_batches(
+        parts_rows, policy.micro_batch_tokens, policy.trains_on_shared_prompts))
+    n_micro = max(1, len(micro))
+    if policy.fsdp is not None and ranks is not None and ranks.active:
+        n_micro = int(ranks.max([n_micro])[0])
+    micro += [None] * (n_micro - len(micro))
+    return [_Slot(mb, policy) for mb in micro]
+
+
+def _micro_step(policy: Policy, slot: _Slot, measure: bool, it: int, counts: BatchCounts, is_cap: float | None,
+                merged: StatMerger, stats: dict[str, float]) -> tuple[float, float, bool]:
+    """One micro-batch's forward and backward (its gradient accumulates): (its loss, its policy-gradient
+    part, whether it had anything to train). ``measure``: count the bytes its forward keeps per token
+    (``act_bytes_per_token``: not under FSDP, whose gathered weights would count as activations)."""
+    if measure:
+        with SavedBytes(policy.model) as saved:
+            total, lp_all, pg = _slot_loss(policy, slot, it, counts, is_cap, merged)
+        stats["act_bytes_per_token"] = saved.total / slot.forward_tokens
+    else:
+        total, lp_all, pg = _slot_loss(policy, slot, it, counts, is_cap, merged)
+    if policy.fsdp is not None:  # FSDP reduce-scatters in the backward: every rank runs it, loss or not
+        (total + lp_all.sum() * 0.0).backward()
+    elif total.requires_grad:
+        total.backward()
+    return float(total.detach()), pg, total.requires_grad
+
+
 def _phase_steps(policy: Policy, phase: str, parts_rows: Sequence[tuple[BoundKind, list[TrainRow]]],
                  counts: BatchCounts, iterations: int, is_cap: float | None,
                  ranks: RankGroup | None = None, needs_reference: bool = False) -> dict[str, float]:
     """``iterations`` optimizer steps of ``phase`` on its rows, each accumulated over the phase's
-    micro-batches (:mod:`mutualrl.algorithms.micro_batch`, at most ``policy.micro_batch_tokens``
-    forward tokens each): a forward and a backward per micro-batch, then one optimizer step.
+    micro-batches (:func:`_phase_slots`): a forward and a backward per micro-batch
+    (:func:`_micro_step`), then one optimizer step.
 
     ``needs_reference``: some kind of the phase, on some rank, takes the KL term. Under FSDP every rank
-    makes the same forwards and backwards: the ranks agree on the number of micro-batches, and a rank
-    with fewer runs one-token dummy rows with a zero loss (the reference forward too, whenever it is
-    needed anywhere). Replicated ranks sum their gradients once per optimizer step and need no such
-    agreement."""
+    makes the same forwards and backwards (the reference forward too, whenever it is needed anywhere);
+    replicated ranks sum their gradients once per optimizer step and need no such agreement."""
     sharded = policy.fsdp is not None
-    rows = [r for _, rs in parts_rows for r in rs]
-    if not rows and not sharded:
+    if not any(rs for _, rs in parts_rows) and not sharded:
         assert ranks is not None and ranks.active
         return _idle_phase_steps(policy, phase, iterations, ranks)
-    micro: list[MicroBatch[BoundKind, TrainRow] | None] = list(split_micro_batches(
-        parts_rows, policy.micro_batch_tokens, policy.trains_on_shared_prompts))
-    n_micro = max(1, len(micro))
-    if sharded and ranks is not None and ranks.active:
-        n_micro = int(ranks.max([n_micro])[0])
-    micro += [None] * (n_micro - len(micro))
-    slots = [_Slot(mb, policy) for mb in micro]
+    slots = _phase_slots(policy, parts_rows, ranks)
     optimizer, prefix = _phase(policy, phase)
     stats: dict[str, float] = {}
     steps = 0
@@ -219,22 +244,9 @@ def _phase_steps(policy: Policy, phase: str, parts_rows: Sequence[tuple[BoundKin
         for j, slot in enumerate(slots):
             if it == 0:
                 slot.take_reference(policy, sharded and needs_reference)
-            # what a token's forward keeps (not under FSDP: its sharded parameters have no plain storage,
-            # and the gathered full weights would count as activations)
-            if it == 0 and j == 0 and phase == POLICY_PHASE and slot.forward_tokens and not sharded:
-                with SavedBytes(policy.model) as saved:
-                    total, lp_all, pg = _slot_loss(policy, slot, it, counts, is_cap, merged)
-                stats["act_bytes_per_token"] = saved.total / slot.forward_tokens
-            else:
-                total, lp_all, pg = _slot_loss(policy, slot, it, counts, is_cap, merged)
-            if sharded:  # FSDP reduce-scatters in the backward: every rank runs it, with or without a loss
-                (total + lp_all.sum() * 0.0).backward()
-            elif total.requires_grad:
-                total.backward()
-            trainable = trainable or total.requires_grad
-            loss += float(total.detach())
-            pg_loss += pg
-            del total, lp_all
+            measure = it == 0 and j == 0 and phase == POLICY_PHASE and bool(slot.forward_tokens) and not sharded
+            part_loss, pg, has_grad = _micro_step(policy, slot, measure, it, counts, is_cap, merged, stats)
+            loss, pg_loss, trainable = loss + part_loss, pg_loss + pg, trainable or has_grad
         stats.update(merged.result())
         if not _goes_on(ranks, trainable):
             break  # nothing to train here (on any rank)
@@ -259,6 +271,8 @@ def train_on_batch(policy: Policy, batch: TrainBatch, *, is_cap: float | None = 
     larger one (default: this batch's own, :func:`batch_counts`, summed over ``ranks`` when the
     policy trains on several: see the module doc).
     """
+    if not batch.kinds:  # a batch built by hand: the base step's own rows
+        batch = dataclasses.replace(batch, kinds=parse_strategy(BASE).kinds())
     counts = counts or batch_counts(batch, policy.options.num_generations)
     phases: dict[str, list[tuple[BoundKind, list[TrainRow]]]] = {}
     for name, kind in batch.kinds.items():

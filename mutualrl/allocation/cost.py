@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from mutualrl.algorithms.sharing import parse_strategy
 from mutualrl.allocation.data_parallel import CPU_ALLREDUCE_GB_S, allreduce_seconds, lora_params
 from mutualrl.config import RunConfig
 from mutualrl.config.modelref import ModelRef
+from mutualrl.config.resolve import step_settings
 
 PRIOR_CORE_S_PER_FLOP = 1.0e-10
 """Prior: 10 GFLOP/s per CPU core, before any measurement."""
@@ -66,12 +68,16 @@ def update_flops(params: int, sequences: float, tokens_per_sequence: float, num_
     return per_token * params * sequences * tokens_per_sequence
 
 
-def predict_step(cfg: RunConfig, index: int, params: int, prompt_tokens: float = PROMPT_TOKENS_GUESS) -> PhaseCost:
-    """Predicted FLOPs of policy ``index``'s step from the config (completions at full length)."""
+def predict_step(cfg: RunConfig, index: int, params: int, prompt_tokens: float = PROMPT_TOKENS_GUESS,
+                 settings: Mapping[str, Any] | None = None) -> PhaseCost:
+    """Predicted FLOPs of policy ``index``'s step from the config (completions at full length) and
+    its sharing steps' settings (``settings``: the plan's, :attr:`~mutualrl.config.resolve.WorkerSpec.sharing`;
+    None: resolved from the config the same way)."""
     g = cfg.policy_grpo(index)
     k = len(cfg.policies)
     n_seq = float(cfg.prompts_per_step * g.num_generations)
-    peer = parse_strategy(cfg.sharing.strategy).peer_rollouts_per_prompt(cfg.sharing)
+    steps = step_settings(cfg, index) if settings is None else settings
+    peer = parse_strategy(cfg.sharing.strategy).peer_rollouts_per_prompt(steps)
     if peer and k > 1:
         n_seq += cfg.prompts_per_step * min(peer, g.num_generations * (k - 1))
     roll = rollout_flops(params, cfg.prompts_per_step, g.num_generations, prompt_tokens, g.max_completion_length)
@@ -113,6 +119,9 @@ class CostModel:
     """Per policy: seconds of its gradient all-reduce per second a 1 GB/s ring would take (1 / GB/s)."""
     act_bytes_per_token: list[float | None] = field(default_factory=list)
     """Per policy: the update's activation bytes per forward token its worker measured (the memory price)."""
+    settings: list[Mapping[str, Any]] = field(default_factory=list)
+    """Per policy: its sharing steps' settings (the plan's :attr:`~mutualrl.config.resolve.WorkerSpec.sharing`,
+    its own ``policies[i].sharing`` overrides included); default: resolved from ``cfg``."""
 
     def __post_init__(self) -> None:
         k = len(self.cfg.policies)
@@ -126,6 +135,8 @@ class CostModel:
             self._comm = [_Ema(1.0 / CPU_ALLREDUCE_GB_S) for _ in range(k)]
         if not self.act_bytes_per_token:
             self.act_bytes_per_token = [None] * k
+        if not self.settings:
+            self.settings = [step_settings(self.cfg, i) for i in range(k)]
 
     # ------------------------------------------------------------------ predictions
     def effective_params(self, index: int) -> int:
@@ -145,7 +156,8 @@ class CostModel:
 
     def flops(self, index: int) -> PhaseCost:
         """Predicted FLOPs of policy ``index`` for one step."""
-        return predict_step(self.cfg, index, self.effective_params(index), self.prompt_tokens)
+        return predict_step(self.cfg, index, self.effective_params(index), self.prompt_tokens,
+                            self.settings[index])
 
     def core_seconds(self, index: int) -> tuple[float, float]:
         """Predicted (rollout, update) busy time of policy ``index`` on one whole core.

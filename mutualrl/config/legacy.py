@@ -1,6 +1,6 @@
 """The flat ``sharing.*`` names of earlier releases (``sgt_lambda``, ``prp_ratio_clip``, ...), moved
 into the ``sharing.<step>:`` blocks that own them now, with one ``FutureWarning`` naming the new fields.
-They go in the next release."""
+They go in release 0.3.0 (CHANGELOG.md)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,6 @@ def move_legacy_sharing(data: dict[str, Any]) -> dict[str, Any]:
                                   "not both")
             sharing[step] = {**block, name: value}
         moved.append(f"sharing.{old} -> " + " / ".join(f"sharing.{st}.{name}" for st in steps))
-    warnings.warn("deprecated sharing fields (they go in the next release): " + "; ".join(moved), FutureWarning,
+    warnings.warn("deprecated sharing fields (they go in release 0.3.0): " + "; ".join(moved), FutureWarning,
                   stacklevel=3)
     return {**data, "sharing": sharing}

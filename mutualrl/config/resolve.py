@@ -23,9 +23,8 @@ import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
-
-import yaml
 
 from mutualrl.algorithms.registry import (
     available_strategies,
@@ -43,20 +42,21 @@ from mutualrl.config import (  # noqa: F401  (RESUMABLE: re-exported, its docume
     parse_config,
     read_config_data,
 )
-from mutualrl.run.devices import check_device, cuda_supports_bf16
-from mutualrl.rollout.engines.vllm import check_vllm
+from mutualrl.config.modelref import ModelRef, ModelRefError
+from mutualrl.config.overrides import apply_overrides, parse_overrides  # noqa: F401  (re-exported)
+from mutualrl.config.schema import build, freeze
 from mutualrl.errors import ConfigError, UserError
 from mutualrl.exchange.url import ExchangeURL
-from mutualrl.config.modelref import ModelRef, ModelRefError
 from mutualrl.paths import RUN_CONFIG
-from mutualrl.config.schema import build, freeze
+from mutualrl.rollout.engines.vllm import check_vllm
+from mutualrl.run.devices import check_device, cuda_supports_bf16
+from mutualrl.run.tracking import missing_package
 from mutualrl.tasks.base import validate_extraction_mode
 from mutualrl.tasks.build import build_source, build_task
 from mutualrl.tasks.gold_check import check_gold_answers
 from mutualrl.tasks.gym import check_dataset
 from mutualrl.tasks.rewards import load_reward_function
 from mutualrl.tasks.rows import SourceFieldError
-from mutualrl.run.tracking import missing_package
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,10 @@ class WorkerSpec:
     """The worker's predicted peak memory (logged beside the measured one)."""
     vllm_memory_fraction: float | None = None
     """A vLLM engine's share of its GPU (``gpu_memory_utilization``), derived by the plan."""
+    sharing: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+    """Every sharing step's settings for this policy, by step name: the step's own settings instances
+    (its ``sharing.<step>`` block with the policy's ``policies[i].sharing`` overrides merged in),
+    resolved once (:func:`step_settings`); the worker trains with them and the cost model prices them."""
 
     PLACEMENT: ClassVar[tuple[str, ...]] = ("device", "visible_gpu", "gpu_fraction", "threads", "nice", "node",
                                             "cpu_share", "exchange", "rendezvous", "memory_bytes",
@@ -152,65 +156,21 @@ class RunPlan:
         return dataclasses.replace(plan, workers=workers, placed=bool(d.get("placed")))
 
 
+def step_settings(cfg: RunConfig, index: int) -> Mapping[str, Any]:
+    """Policy ``index``'s sharing steps' settings, by step name, as the steps' own settings instances:
+    each ``sharing.<step>`` block with the policy's ``policies[i].sharing`` overrides merged in (a
+    run's own steps' modules, ``sharing.modules``, imported first)."""
+    import_strategy_modules(cfg.sharing.modules)
+    return MappingProxyType(parse_strategy(cfg.sharing.strategy).settings(cfg.policy_sharing(index)))
+
+
 def plan_of(cfg: RunConfig) -> RunPlan:
     """The plan of an already checked config (not placed yet)."""
     ranks = [p.workers if isinstance(p.workers, int) else 1 for p in cfg.policies]  # auto: the placement decides
-    return RunPlan(cfg, tuple(WorkerSpec(i, p.name, freeze(cfg.policy_grpo(i)), rank=r, world=ranks[i])
+    settings = [step_settings(cfg, i) for i in range(len(cfg.policies))]
+    return RunPlan(cfg, tuple(WorkerSpec(i, p.name, freeze(cfg.policy_grpo(i)), rank=r, world=ranks[i],
+                                         sharing=settings[i])
                               for i, p in enumerate(cfg.policies) for r in range(ranks[i])))
-
-
-# ----------------------------------------------------------------------------- overrides
-def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    """``["a.b=1", "policies.0.grpo.learning_rate=3e-5"]`` -> ``{"a.b": 1, ...}``; values are read
-    as YAML scalars (numbers, booleans, null, strings)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, eq, text = item.partition("=")
-        if not eq or not key.strip():
-            raise UserError(f"--set expects FIELD=VALUE (e.g. policies.0.grpo.learning_rate=3e-5), got {item!r}")
-        out[key.strip()] = _scalar(text)
-    return out
-
-
-def _scalar(text: str) -> Any:
-    """A command-line value: a number (``3e-5`` too, which YAML 1.1 reads as text), else YAML."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    try:
-        return yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
-        return text
-
-
-def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy of ``data`` with each dotted ``field.sub.N.leaf`` of ``overrides`` set (list
-    items by index); ``ConfigError`` naming the path when it runs through something that is not a
-    mapping or a list, or past a list's end."""
-    out = copy.deepcopy(dict(data))
-    for dotted, value in overrides.items():
-        parts = dotted.split(".")
-        node: Any = out
-        for depth, key in enumerate(parts):
-            last = depth == len(parts) - 1
-            where = ".".join(parts[:depth + 1])
-            if isinstance(node, list):
-                if not key.isdigit() or int(key) >= len(node):
-                    raise ConfigError(where, f"list index out of range (the list has {len(node)} items)")
-                if last:
-                    node[int(key)] = value
-                else:
-                    node = node[int(key)]
-            elif isinstance(node, dict):
-                if last:
-                    node[key] = value
-                else:
-                    node = node.setdefault(key, {})
-            else:
-                raise ConfigError(where, f"cannot set a field inside {type(node).__name__} value {node!r}")
-    return out
 
 
 # ----------------------------------------------------------------------------- resolving

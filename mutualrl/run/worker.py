@@ -29,32 +29,32 @@ import torch
 from mutualrl.algorithms.schedule import learning_rate_at
 from mutualrl.algorithms.sharing import (
     OwnGroup,
-    PastFailure,
-    PastSuccess,
     PeerRows,
     ShareContext,
+    StepSource,
     build_batch,
+    gather_context,
     parse_strategy,
 )
 from mutualrl.algorithms.update import train_on_batch
 from mutualrl.allocation.placement import place_in_process
-from mutualrl.run.checkpoint import load_policy_state, save_policy_state
 from mutualrl.config import RunConfig
+from mutualrl.config.modelref import resolve_model_path
+from mutualrl.config.resolve import RunPlan, import_strategy_modules, plan_of
 from mutualrl.denormals import denormals_flushed
-from mutualrl.run.distributed import RankGroup
 from mutualrl.exchange import open_exchange
 from mutualrl.experience import ExperienceLimits, GroupOutcome, Rollout, VerifiedSuccess
-from mutualrl.run.faults import fault_point, log_acknowledged
 from mutualrl.heap import retain_freed_memory
 from mutualrl.rollout.modeling import format_prompt, model_stop_ids, tokenizer_fingerprint
-from mutualrl.config.modelref import resolve_model_path
 from mutualrl.rollout.policy import Policy
+from mutualrl.run.checkpoint import load_policy_state, save_policy_state
+from mutualrl.run.distributed import RankGroup
+from mutualrl.run.faults import fault_point, log_acknowledged
 from mutualrl.run.quiet import silence_transformers
-from mutualrl.config.resolve import RunPlan, import_strategy_modules, plan_of
+from mutualrl.run.worker_api import WorkerAPI
 from mutualrl.tasks.base import Problem
 from mutualrl.tasks.build import build_task, eval_problems
 from mutualrl.thl.peer import PeerTrace, peer_trace, represents
-from mutualrl.run.worker_api import WorkerAPI
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,9 @@ class PolicyWorker(WorkerAPI):
             self.policy.shard()
         import_strategy_modules(cfg.sharing.modules)
         self.strategy = parse_strategy(cfg.sharing.strategy)
-        self.settings = self.strategy.settings(cfg.policy_sharing(index))
-        """Every step's settings (its ``sharing.<step>`` block, with this policy's overrides), by step name."""
+        self.settings = spec.sharing
+        """Every step's settings (its ``sharing.<step>`` block, with this policy's overrides), by step
+        name: the plan's instances, the ones the cost model priced."""
         for phase, lr in self.strategy.optimizer_phases(self.settings).items():
             self.policy.add_optimizer(phase, lr)
         if spec.micro_batch_tokens is not None:  # the plan's budget: auto resolved against the worker's memory
@@ -277,29 +278,10 @@ class PolicyWorker(WorkerAPI):
             return None
         return ids + [self.policy.tokenizer.eos_token_id]
 
-    def _history(self, step: int) -> tuple[list[PastFailure], list[PastSuccess]]:
-        """Prompts of the last ``replay_steps`` steps (as the strategy's settings declare), read back
-        from the exchange, newest first: those on which this policy's whole group failed and a peer
-        published a verified success, and those it solved, with one of its own verified successes."""
-        window = self.strategy.replay_steps(self.settings)
-        first = max(0, step - window)
-        past = [(s, p) for s in range(step - 1, first - 1, -1) for p in self.problems(s)]
-        if not past:
-            return [], []
-        rows = self.exchange.query(list(dict.fromkeys(p.id for _, p in past)), kinds=["verified_success"],
-                                   min_version=first)
-        own: dict[tuple[str, int], VerifiedSuccess] = {}
-        peer: dict[str, list[VerifiedSuccess]] = {}
-        for r in rows:
-            if r.source_policy == self.name:
-                own.setdefault((r.prompt_id, r.version), r)
-            elif r.source_policy in self.peer_names and r.version < step:
-                peer.setdefault(r.prompt_id, []).append(r)
-        failures = [PastFailure(p, self.policy.encode_prompt(p.question), peer[p.id], s) for s, p in past
-                    if (p.id, s) not in own and p.id in peer]
-        solved = [PastSuccess(p, self.policy.encode_prompt(p.question), own[(p.id, s)].completion, s)
-                  for s, p in past if (p.id, s) in own]
-        return failures, solved
+    def _source(self, step: int) -> StepSource:
+        """What a strategy step's ``gather`` hook may ask for at ``step``."""
+        return StepSource(step, self.name, self.peer_names, self.problems, self.exchange.query,
+                          self.policy.encode_prompt)
 
     @_numerics
     def update(self, step: int) -> dict[str, float]:
@@ -320,9 +302,9 @@ class PolicyWorker(WorkerAPI):
             trusted = [r for r in rows if r.version <= step and r.source_policy in self.peer_names]
             untrusted_rows = sum(r.source_policy not in self.peer_names for r in rows)
             peers = PeerRows.from_records(trusted)
-        history, own_history = self._history(step) if self.strategy.replay_steps(self.settings) else ([], [])
+        gathered = gather_context(self.strategy, self._source(step), self.settings)
         ctx = ShareContext(groups, peers, self.options, self.score, self._encode_peer_text, self._align_peer,
-                           history, own_history, world=self.ranks.world,
+                           gathered, world=self.ranks.world,
                            sum_over_ranks=self.ranks.sum if self.ranks.active else None)
         t1 = time.perf_counter()
         batch = build_batch(self.strategy, ctx, self.settings)

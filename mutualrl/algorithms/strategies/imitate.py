@@ -26,7 +26,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from mutualrl.algorithms.context import StepSource
 from mutualrl.algorithms.registry import RowKind
+from mutualrl.algorithms.replay import Replay, gather_replay
 from mutualrl.algorithms.sharing import (
     ShareContext,
     TrainBatch,
@@ -36,8 +38,8 @@ from mutualrl.algorithms.sharing import (
     trained_tokens,
     verified_successes,
 )
-from mutualrl.errors import ConfigError
 from mutualrl.config.schema import bounded
+from mutualrl.errors import ConfigError
 
 IMITATE = "imitate"
 """The row kind of imitate's likelihood rows (peer successes and the learner's own)."""
@@ -104,15 +106,26 @@ def _needs_replay(rows: int, replay_steps: int, field: str) -> None:
                           f"steps they may come from); set it, or {field.rsplit('.', 1)[1]}: 0")
 
 
+def _gather_imitate(source: StepSource, s: ImitateSettings) -> Replay | None:
+    """The last ``replay_steps`` steps, read back from the exchange (none without replay)."""
+    return gather_replay(source, s.replay_steps) if s.replay_steps else None
+
+
+def _gather_self_imitate(source: StepSource, s: SelfImitateSettings) -> Replay | None:
+    """The last ``replay_steps`` steps when ``extra_rows`` asks for earlier own successes."""
+    return gather_replay(source, s.replay_steps) if s.extra_rows and s.replay_steps else None
+
+
 @register_strategy("imitate", settings=ImitateSettings,
                    rows={IMITATE: RowKind("likelihood", learning_rate=lambda s: s.learning_rate)},
-                   reads=("verified_success",), conflicts=("sgt",), replay_steps=lambda s: s.replay_steps)
+                   reads=("verified_success",), conflicts=("sgt",), gather=_gather_imitate)
 def imitate(ctx: ShareContext, batch: TrainBatch, s: ImitateSettings) -> None:
     """Success imitation: peer successes where the learner failed, its own where it succeeded."""
+    replay: Replay = ctx.gathered.get("imitate") or Replay()
     tally: Counter[str] = Counter()
     own_rows = [row for g in ctx.groups if (row := own_success_row(g, s.weight, IMITATE)) is not None]
     failed = [(g.problem, g.prompt_ids, ctx.peers.successes.get(g.problem.id, [])) for g in ctx.groups if g.failed]
-    candidates = failed + [(h.problem, h.prompt_ids, h.successes) for h in ctx.history]
+    candidates = failed + [(h.problem, h.prompt_ids, h.successes) for h in replay.failures]
     peer_weight = s.weight if s.peer_weight is None else s.peer_weight
     seen: set[str] = set()
     rescue = replayed = 0
@@ -136,7 +149,7 @@ def imitate(ctx: ShareContext, batch: TrainBatch, s: ImitateSettings) -> None:
         replayed += k >= len(failed)
     batch.rows.extend(own_rows)
     if s.own_extra_rows:
-        batch.metrics["imitate_own_extra"] = _own_replay(ctx, batch, s.weight, IMITATE, s.own_extra_rows,
+        batch.metrics["imitate_own_extra"] = _own_replay(ctx, batch, replay, s.weight, IMITATE, s.own_extra_rows,
                                                          s.match_tokens, seen)
     batch.metrics["imitate_gate_open"] = len(failed)
     batch.metrics["imitate_rescue"] = rescue
@@ -148,19 +161,20 @@ def imitate(ctx: ShareContext, batch: TrainBatch, s: ImitateSettings) -> None:
 
 @register_strategy("self_imitate", settings=SelfImitateSettings,
                    rows={SELF_IMITATE: RowKind("likelihood", learning_rate=lambda s: s.learning_rate)},
-                   conflicts=("sgt", "imitate"), replay_steps=lambda s: s.replay_steps if s.extra_rows else 0)
+                   conflicts=("sgt", "imitate"), gather=_gather_self_imitate)
 def self_imitate(ctx: ShareContext, batch: TrainBatch, s: SelfImitateSettings) -> None:
     """The control of ``imitate``: its own-success rows alone, no peer row (what self-imitation gives
     without sharing); with ``extra_rows``, own successes of earlier steps besides."""
     rows = [row for g in ctx.groups if (row := own_success_row(g, s.weight, SELF_IMITATE)) is not None]
     batch.rows.extend(rows)
-    extra = _own_replay(ctx, batch, s.weight, SELF_IMITATE, s.extra_rows, s.match_tokens)
+    extra = _own_replay(ctx, batch, ctx.gathered.get("self_imitate") or Replay(), s.weight, SELF_IMITATE,
+                        s.extra_rows, s.match_tokens)
     batch.metrics["imitate_own"] = len(rows)
     batch.metrics["self_imitate_extra"] = extra
 
 
-def _own_replay(ctx: ShareContext, batch: TrainBatch, weight: float, kind: str, most: int, match_tokens: int,
-                exclude: set[str] | None = None) -> int:
+def _own_replay(ctx: ShareContext, batch: TrainBatch, replay: Replay, weight: float, kind: str, most: int,
+                match_tokens: int, exclude: set[str] | None = None) -> int:
     """Add up to ``most`` of the learner's own verified successes of earlier steps (newest first, one
     per problem, none of this step's or of ``exclude``), until the step trains ``match_tokens`` tokens
     (0: no bound); how many were added."""
@@ -168,7 +182,7 @@ def _own_replay(ctx: ShareContext, batch: TrainBatch, weight: float, kind: str, 
     extra = 0
     tokens = trained_tokens(batch, ctx.options)
     extra_cap, token_cap = ctx.rank_share(most), ctx.rank_share(match_tokens)
-    for past in ctx.own_history:
+    for past in replay.successes:
         if extra >= extra_cap or (token_cap and tokens >= token_cap):
             break
         if past.problem.id in step_ids:
