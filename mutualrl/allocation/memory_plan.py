@@ -127,38 +127,11 @@ def plan_memory(plan: Any, gpu_bytes: list[int | None], ranks: list[int], concur
     cfg = plan.config
     k = len(cfg.policies)
     opts = {w.index: w.options for w in reversed(plan.workers)}
-    shares = shares or [None] * k
-    acts = act_bytes_per_token or [None] * k
-    prices: list[MemoryPrice | None] = []
     longest = [PROMPT_TOKENS_PLAN + opts[i].max_completion_length for i in range(k)]
-    for i, pol in enumerate(cfg.policies):
-        o, shape, n, gpu = opts[i], model_shape(pol.model, pol.peft), max(1, ranks[i]), gpu_bytes[i] is not None
-        # the sampler decodes a step's rows at once (an evaluation, eval_batch_size of them)
-        rows = max(cfg.prompts_per_step * o.num_generations // n, min(cfg.eval_batch_size, cfg.eval_size))
-        prices.append(None if shape is None else price(
-            shape, phases=1 + _sharing_phases(cfg, i), beta=o.beta, lora=pol.peft is not None,
-            checkpointing=o.gradient_checkpointing, sampler=pol.generation.engine, sample_rows=rows,
-            sample_tokens=longest[i], fsdp_ranks=n if pol.fsdp else 1, gpu=gpu, gpu_bytes=gpu_bytes[i],
-            act_bytes_per_token=acts[i], packed_weights=bool(pol.generation.packed_weights),
-            bf16=o.dtype == "bfloat16" or (o.dtype == "auto" and gpu)))
+    prices = _prices(cfg, opts, gpu_bytes, ranks, act_bytes_per_token or [None] * k, longest)
     known = [i for i in range(k) if prices[i] is not None]
-    # who shares a pool: one process (not concurrent) per device; separate processes on the CPU
-    device_of = [("cpu",) if gpu_bytes[i] is None else ("gpu", (gpu_ids or [0] * k)[i]) for i in range(k)]
-    allowance: dict[int, int] = {}
-    pools: dict[Any, list[int]] = {}
-    for i in known:
-        if gpu_bytes[i] is not None and (concurrent or shares[i]):
-            allowance[i] = int(gpu_bytes[i] * (shares[i] or GPU_HEADROOM))
-        else:
-            pools.setdefault(device_of[i], []).append(i)
-    for dev, on in pools.items():
-        cpu = dev == ("cpu",)
-        res = [prices[i].resident * (max(1, ranks[i]) if cpu else 1) for i in on]  # type: ignore[union-attr]
-        if not concurrent:  # one process: Python and torch once
-            res = [r - (PROCESS_BYTES if j else 0) for j, r in enumerate(res)]
-        got = cpu_allowances(res, concurrent and cpu, total if cpu else gpu_bytes[on[0]],
-                             CPU_HEADROOM if cpu else GPU_HEADROOM)
-        allowance.update({i: a // (max(1, ranks[i]) if cpu else 1) for i, a in zip(on, got, strict=True)})
+    allowance, pools = _allowances(prices, known, gpu_bytes, ranks, concurrent, shares or [None] * k, total,
+                                   gpu_ids or [0] * k)
     budgets: dict[int, int | None] = {}
     for i in known:
         field = f"policies[{i}].grpo.micro_batch_tokens"
@@ -175,6 +148,48 @@ def plan_memory(plan: Any, gpu_bytes: list[int | None], ranks: list[int], concur
             p = dataclasses.replace(p, sampler_copy=int(fracs[i] * gpu_bytes[i]))  # type: ignore[operator]
         out.append(PolicyMemory(pol.name, p, allowance[i], budgets[i], longest[i], fracs.get(i)))
     return out
+
+
+def _prices(cfg: Any, opts: dict[int, Any], gpu_bytes: list[int | None], ranks: list[int],
+            acts: list[float | None], longest: list[int]) -> list[MemoryPrice | None]:
+    """Each policy's price with its effective options ``opts`` (None where its shape is unknown offline)."""
+    prices: list[MemoryPrice | None] = []
+    for i, pol in enumerate(cfg.policies):
+        o, shape, n, gpu = opts[i], model_shape(pol.model, pol.peft), max(1, ranks[i]), gpu_bytes[i] is not None
+        # the sampler decodes a step's rows at once (an evaluation, eval_batch_size of them)
+        rows = max(cfg.prompts_per_step * o.num_generations // n, min(cfg.eval_batch_size, cfg.eval_size))
+        prices.append(None if shape is None else price(
+            shape, phases=1 + _sharing_phases(cfg, i), beta=o.beta, lora=pol.peft is not None,
+            checkpointing=o.gradient_checkpointing, sampler=pol.generation.engine, sample_rows=rows,
+            sample_tokens=longest[i], fsdp_ranks=n if pol.fsdp else 1, gpu=gpu, gpu_bytes=gpu_bytes[i],
+            act_bytes_per_token=acts[i], packed_weights=bool(pol.generation.packed_weights),
+            bf16=o.dtype == "bfloat16" or (o.dtype == "auto" and gpu)))
+    return prices
+
+
+def _allowances(prices: list[MemoryPrice | None], known: list[int], gpu_bytes: list[int | None], ranks: list[int],
+                concurrent: bool, shares: list[float | None], total: int | None,
+                gpu_ids: list[Any]) -> tuple[dict[int, int], dict[Any, list[int]]]:
+    """The bytes each priced policy's worker is given, and the pools (device -> policies) whose
+    workers split one memory: one process (not ``concurrent``) per device; separate processes on the
+    CPU. A worker alone on its GPU share gets that share."""
+    device_of = [("cpu",) if gpu_bytes[i] is None else ("gpu", gpu_ids[i]) for i in range(len(prices))]
+    allowance: dict[int, int] = {}
+    pools: dict[Any, list[int]] = {}
+    for i in known:
+        if gpu_bytes[i] is not None and (concurrent or shares[i]):
+            allowance[i] = int(gpu_bytes[i] * (shares[i] or GPU_HEADROOM))
+        else:
+            pools.setdefault(device_of[i], []).append(i)
+    for dev, on in pools.items():
+        cpu = dev == ("cpu",)
+        res = [prices[i].resident * (max(1, ranks[i]) if cpu else 1) for i in on]  # type: ignore[union-attr]
+        if not concurrent:  # one process: Python and torch once
+            res = [r - (PROCESS_BYTES if j else 0) for j, r in enumerate(res)]
+        got = cpu_allowances(res, concurrent and cpu, total if cpu else gpu_bytes[on[0]],
+                             CPU_HEADROOM if cpu else GPU_HEADROOM)
+        allowance.update({i: a // (max(1, ranks[i]) if cpu else 1) for i, a in zip(on, got, strict=True)})
+    return allowance, pools
 
 
 def _vllm_shares(cfg: Any, prices: list[MemoryPrice | None], allowance: dict[int, int],
