@@ -5,9 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from mutualrl.allocation.memory_plan import describe_memory
 from mutualrl.errors import UserError
+
+if TYPE_CHECKING:
+    from mutualrl.allocation.cost import CostModel
+    from mutualrl.allocation.planner import Allocation, Resources
+    from mutualrl.config import RunConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,44 +41,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan; exit code 2 for bad input."""
     from mutualrl.allocation.cost import CostModel, estimate_parameters
     from mutualrl.allocation.placement import memory_entries, place
-    from mutualrl.allocation.planner import Resources, plan
+    from mutualrl.allocation.planner import plan
     from mutualrl.config.resolve import resolve
 
     run_plan = resolve(args.config, check_paths=False)
     cfg = run_plan.config
-    started = False
-    if args.ray:
-        from mutualrl.allocation.ray_scheduler import connect_ray
-
-        started = connect_ray()
-        resources = Resources.from_ray()
-    elif args.resources:
-        try:
-            resources = Resources.parse(args.resources)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-    else:
-        resources = Resources.detect()
+    resources, started = _resources(args)
     try:
         costs = CostModel(cfg, estimate_parameters(cfg))
         alloc = plan(cfg, resources, costs)
         if args.calibrate is not None:
-            if args.calibrate < 1:
-                raise UserError(f"--calibrate takes a positive number of steps, got {args.calibrate}")
-            from mutualrl.allocation.calibrate import calibrate, calibrate_in_workers
-
-            say = lambda m: print(m, file=sys.stderr, flush=True)
-            if resources.gpus:  # as a run does: the GPU planners price from the prior's per-device speed, so CPU
-                # seconds measured here would come out scaled by it
-                say("--calibrate: skipped on GPUs (the GPU split is planned from the FLOP prior; a run re-plans "
-                    "threads once its steps are measured)")
-            elif args.ray or args.resources:  # not this machine's cores: each policy alone here
-                calibrate(cfg, costs, steps=args.calibrate, threads=[p.threads for p in alloc.placements],
-                          ranks=[p.ranks for p in alloc.placements], say=say)
-            else:  # the run as this plan places it on this machine's worker processes
-                calibrate_in_workers(cfg, costs, alloc, steps=args.calibrate, say=say)
-            if not resources.gpus:
-                alloc = plan(cfg, resources, costs)
+            alloc = _calibrated(args, cfg, resources, costs, alloc)
         # every worker's bytes (a plan that cannot fit is refused here: exit 2, naming the policy)
         backend = "ray" if args.ray else cfg.scheduler
         placed = place(run_plan, alloc, backend, "memory://plan", rendezvous="tcp://127.0.0.1:1")
@@ -92,3 +71,42 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
             ray.shutdown()
     return 0
+
+
+def _resources(args: argparse.Namespace) -> tuple[Resources, bool]:
+    """What to plan for (``--ray``, ``--resources`` or this machine), and whether Ray was started here."""
+    from mutualrl.allocation.planner import Resources
+
+    if args.ray:
+        from mutualrl.allocation.ray_scheduler import connect_ray
+
+        started = connect_ray()
+        return Resources.from_ray(), started
+    if args.resources:
+        try:
+            return Resources.parse(args.resources), False
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    return Resources.detect(), False
+
+
+def _calibrated(args: argparse.Namespace, cfg: RunConfig, resources: Resources, costs: CostModel,
+                alloc: Allocation) -> Allocation:
+    """``--calibrate``: time ``args.calibrate`` real steps into ``costs``; the plan made from them."""
+    from mutualrl.allocation.calibrate import calibrate, calibrate_in_workers
+    from mutualrl.allocation.planner import plan
+
+    if args.calibrate < 1:
+        raise UserError(f"--calibrate takes a positive number of steps, got {args.calibrate}")
+    say = lambda m: print(m, file=sys.stderr, flush=True)
+    if resources.gpus:  # as a run does: the GPU planners price from the prior's per-device speed, so CPU
+        # seconds measured here would come out scaled by it
+        say("--calibrate: skipped on GPUs (the GPU split is planned from the FLOP prior; a run re-plans "
+            "threads once its steps are measured)")
+        return alloc
+    if args.ray or args.resources:  # not this machine's cores: each policy alone here
+        calibrate(cfg, costs, steps=args.calibrate, threads=[p.threads for p in alloc.placements],
+                  ranks=[p.ranks for p in alloc.placements], say=say)
+    else:  # the run as this plan places it on this machine's worker processes
+        calibrate_in_workers(cfg, costs, alloc, steps=args.calibrate, say=say)
+    return plan(cfg, resources, costs)
