@@ -1,4 +1,4 @@
-"""The sharing study on the embedded default, under the protocol of ``benchmarks/study.py``.
+"""The sharing study on the embedded default, a study definition on the library harness (:mod:`mutualrl.study`).
 
     python benchmarks/mutual.py [--jobs 2] [--reuse] [--final-seeds 0,1,2,3,4] [--tune-seeds 0]
         [--task-file FILE --zoo-seed N --name NAME] [--steps N] [--phase tune|headline|all] [--own-replay]
@@ -31,12 +31,12 @@ strongest single-model baseline (both by validation), on test, per seed, with a 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from study import Arm, Study, deep_merge
+from _common import RESULTS
+
+from mutualrl.study import Arm, Study, deep_merge
 
 VAL_SIZE = 1000
 TEST_SIZE = 1000
@@ -117,7 +117,7 @@ def build_study(args: argparse.Namespace) -> Study:
         cfg["threads"] = 1  # fixed, so a run's numbers do not depend on what else the machine does
         return cfg
 
-    return Study(args.name, base, Path(args.out), jobs=args.jobs, reuse=args.reuse,
+    return Study(args.name, base, Path(args.out), results=RESULTS, jobs=args.jobs, reuse=args.reuse,
                  final_seeds=[int(s) for s in args.final_seeds.split(",")])
 
 

@@ -19,6 +19,11 @@
    published and query time per step, peak memory per worker, and the planner's predicted step
    time, from short runs of ``imitate`` (``independent`` at K = 1), one after another, idle.
 
+The sweep is a study definition on the library harness (:class:`mutualrl.study.Study`): each run in
+its own process, recorded in ``benchmarks/results/mutual_k_runs/``; ``--reuse`` keeps a finished run
+directory of the same config (the sweep reads the directories: their peer rows and exchange). The
+cost runs are timed in this process.
+
 Writes ``benchmarks/results/mutual_k.json`` and ``benchmarks/results/mutual_k_report/``.
 """
 
@@ -29,13 +34,13 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, git_rev, machine, write_result
+
+from mutualrl.study import Arm, Study
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ["gpt2-add", "llama-sub", "neox-mix"]
@@ -62,12 +67,11 @@ def run_config(dirs: dict[str, Path], names: list[str], task: dict[str, Any], st
     return cfg
 
 
-def train(cfg: dict[str, Any], out: Path, reuse: bool) -> Path:
+def train(cfg: dict[str, Any], out: Path) -> Path:
+    """Train ``cfg`` into ``out`` (emptied first) in this process: the cost runs are timed here."""
     from mutualrl.config.resolve import load_config
     from mutualrl.run.trainer import MutualTrainer
 
-    if reuse and (out / "summary.json").is_file():
-        return out
     if out.exists():
         shutil.rmtree(out)
     MutualTrainer(load_config(cfg), out, progress=False).train()
@@ -99,8 +103,8 @@ def pair_residuals(dirs: dict[str, Path], run_dir: Path, names: list[str]) -> di
     """THL's residual for each ordered tokenizer pair on the verified texts the run's peers shared."""
     from transformers import AutoTokenizer
 
-    from mutualrl.exchange import open_exchange
     from mutualrl.config.resolve import run_config as saved_config
+    from mutualrl.exchange import open_exchange
     from mutualrl.tasks.build import build_task
     from mutualrl.thl.align import align_batch
     from mutualrl.thl.residual import pair_report
@@ -127,28 +131,41 @@ def _runs_for(key: str, seed: int, args: argparse.Namespace) -> Path | None:
     return d if (d / "summary.json").is_file() else None
 
 
+def sweep_arms(dirs: dict[str, Path]) -> list[Arm]:
+    """The sweep's arms: independent training does not depend on K (no policy reads another's rows),
+    so the first two alone (K = 2) and the third alone (K = 1) give every policy's independent figure;
+    the best sharing arm with the first two (K = 2) and with all three (K = 3)."""
+    names = list(dirs)
+    arms = [("independent", names[:2], "K2"), ("independent", names[2:], "K1"), (BEST, names[:2], "K2"),
+            (BEST, names, "K3")]
+    return [Arm(f"{strategy}-{k}", strategy, "baseline" if strategy == "independent" else "sharing",
+                {"policies": [{"name": n, "model": str(dirs[n])} for n in pols], "sharing": {"strategy": strategy}})
+            for strategy, pols, k in arms]
+
+
+def sweep_runs(dirs: dict[str, Path], task: dict[str, Any], args: argparse.Namespace) -> dict[str, list[Path]]:
+    """Train (or reuse) every sweep arm on every seed; the run directories by arm."""
+    study = Study("mutual_k", lambda seed: run_config(dirs, list(dirs), task, "independent", seed, args.steps),
+                  Path(args.out), results=RESULTS, reuse=args.reuse, records_suffice=False)
+    run_dirs: dict[str, list[Path]] = {}
+    todo = []
+    for seed in args.seeds:
+        for arm in sweep_arms(dirs):
+            study_run = _runs_for(arm.name, seed, args)
+            if study_run is not None:
+                print(f"{arm.name} seed {seed}: the zoo study's run {study_run}", flush=True)
+            else:
+                todo.append((arm, seed))
+            run_dirs.setdefault(arm.name, []).append(study_run or Path(args.out) / f"{arm.name}-seed{seed}")
+    study.run(todo)
+    return run_dirs
+
+
 def sweep(dirs: dict[str, Path], task: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     from mutualrl.study.report import load_run, summarize, write_report
 
     names = list(dirs)
-    # independent training does not depend on K (no policy reads another's rows): the first two
-    # alone (K = 2) and the third alone (K = 1) give every policy's independent figure
-    arms = [("independent", names[:2], "K2"), ("independent", names[2:], "K1"), (BEST, names[:2], "K2"),
-            (BEST, names, "K3")]
-    run_dirs: dict[str, list[Path]] = {}
-    for seed in args.seeds:
-        for strategy, pols, k in arms:
-            key = f"{strategy}-{k}"
-            study_run = _runs_for(key, seed, args)
-            out = study_run or Path(args.out) / f"{key}-seed{seed}"
-            if study_run is not None:
-                print(f"{key} seed {seed}: the zoo study's run {out}", flush=True)
-            else:
-                cfg = run_config(dirs, pols, task, strategy, seed, args.steps)
-                t = time.perf_counter()
-                train(cfg, out, args.reuse)
-                print(f"done {key} seed {seed} ({time.perf_counter() - t:.0f}s)", flush=True)
-            run_dirs.setdefault(key, []).append(out)
+    run_dirs = sweep_runs(dirs, task, args)
     result: dict[str, Any] = {"runs": {k: [str(d) for d in ds] for k, ds in run_dirs.items()}}
     for key, ds in run_dirs.items():
         (s,) = summarize([load_run(d) for d in ds]).values()
@@ -191,7 +208,7 @@ def cost(dirs: dict[str, Path], task: dict[str, Any], args: argparse.Namespace) 
         strategy = "independent" if k == 1 else BEST
         run = Path(args.out) / f"cost-K{k}"
         cfg = run_config(dirs, names[:k], task, strategy, 0, args.cost_steps, eval_every=10**6, eval_size=40)
-        train(cfg, run, reuse=False)
+        train(cfg, run)
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
         steps = [r for r in rows if r.get("event") != "eval" and r["step"] >= 2]  # the first steps warm up
         by_step: dict[int, list[dict[str, Any]]] = {}
@@ -222,7 +239,8 @@ def main() -> None:
     ap.add_argument("--cost-steps", type=int, default=12)
     ap.add_argument("--cost-only", action="store_true")
     ap.add_argument("--sweep-only", action="store_true")
-    ap.add_argument("--reuse", action="store_true", help="keep finished sweep runs in --out")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep finished sweep runs of the same config in --out")
     ap.add_argument("--out", default="runs/bench_mutual_k")
     ap.add_argument("--k2-from", default=None, help="the run folder of `benchmarks/mutual.py` (e.g. "
                     "runs/bench_mutual/full): its independent and imitate runs are this sweep's K = 2 runs "

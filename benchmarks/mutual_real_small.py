@@ -1,5 +1,5 @@
 """Real models trained together: SmolLM2-135M-Instruct (Llama, 49k BPE) x Gemma-3-270M (Gemma, 262k
-SentencePiece), from PyPI wheels, offline, under the protocol of ``benchmarks/study.py``.
+SentencePiece), from PyPI wheels, offline: a study definition on the library harness (:mod:`mutualrl.study`).
 
     python benchmarks/mutual_real_small.py [--steps 100] [--final-seeds 0,1,2] [--jobs 1] [--reuse]
         [--zero-shot-from RESULT.json] [--name mutual_real_small]
@@ -35,12 +35,13 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS
+
+from mutualrl.study import Arm, Study, deep_merge
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO = {"min_terms": 2, "max_terms": 2, "allow_parentheses": False, "allow_negation": False}
@@ -200,9 +201,9 @@ def thl_residual(run_dirs: list[Path]) -> dict[str, Any]:
     """THL's residual of the pair (SmolLM2 -> Gemma-3 and back) on the completions the runs sampled."""
     from transformers import AutoTokenizer
 
-    from mutualrl.exchange import open_exchange
     from mutualrl.config.modelref import resolve_model_path
     from mutualrl.config.resolve import load_config
+    from mutualrl.exchange import open_exchange
     from mutualrl.tasks.build import build_task
     from mutualrl.thl.align import align_batch
     from mutualrl.thl.residual import pair_report
@@ -248,15 +249,13 @@ def base_config(choice: dict[str, Any], args: argparse.Namespace, seed: int) -> 
     return base
 
 
-def held_to_control(study: Any, best: Any, matched: Any, tune: list[int], choice: dict[str, Any],
-                    args: argparse.Namespace) -> Any:
+def held_to_control(study: Study, best: Arm, matched: Arm, tune: list[int], choice: dict[str, Any],
+                    args: argparse.Namespace) -> Arm:
     """The chosen sharing arm held, policy by policy, to the trained tokens a step the compute-matched
     control reached on the tuning seeds (``policies[i].sharing.imitate.match_tokens``): peers' rows first
     within that budget, then the policy's own earlier successes, as the control adds them. The control
     cannot reach a common budget when a policy has few successes of its own (Gemma-3), so this arm
     trains what the control trains, policy by policy: the headline's sharing arm may train more."""
-    from study import Arm, deep_merge
-
     study.run((matched, s_) for s_ in tune)
     per_policy = study.per_step_by_policy(matched, tune, "train_tokens")
     block = {**best.overrides["sharing"]["imitate"], "own_extra_rows": 64,
@@ -274,7 +273,7 @@ FINAL_ARMS = ("independent", "self_imitate", "matched", "sharing", "matched_shar
 """The chosen arms a study can train on its final seeds (``--final-arms``)."""
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--prompts", type=int, default=4)
@@ -299,43 +298,72 @@ def main() -> None:
     ap.add_argument("--own-replay", action="store_true",
                     help="add the stage-2 sharing candidates imitate_replay16_own (imitate with the compute-matched "
                     "control's own replay rows, at its token budget) and the same with peer rows at half weight")
+    return ap
+
+
+def checked_args(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    """The command line, checked before any run (a typo must not cost an hour); ``wanted``: the final
+    arms, ``tune`` and ``final``: the seeds."""
     args = ap.parse_args()
-    wanted = [x.strip() for x in args.final_arms.split(",") if x.strip()]
-    if not wanted or set(wanted) - set(FINAL_ARMS):  # before any run: a typo must not cost an hour
-        ap.error(f"--final-arms: {args.final_arms!r} names {sorted(set(wanted) - set(FINAL_ARMS)) or 'no arm'}; "
+    args.wanted = [x.strip() for x in args.final_arms.split(",") if x.strip()]
+    if not args.wanted or set(args.wanted) - set(FINAL_ARMS):
+        ap.error(f"--final-arms: {args.final_arms!r} names {sorted(set(args.wanted) - set(FINAL_ARMS)) or 'no arm'}; "
                  f"choose from {', '.join(FINAL_ARMS)}")
     if args.own_replay and args.name == "mutual_real_small":  # stage 1's result is kept as it is
         args.name = "mutual_real_small_stage2"
     if args.quick:
         args.steps, args.evals, args.zero_shot_size, args.final_seeds = 4, 2, 20, args.tune_seeds
         args.name = args.name + "_quick"
+    args.tune, args.final = [int(x) for x in args.tune_seeds.split(",")], [int(x) for x in args.final_seeds.split(",")]
+    # stage 2 takes stage 1's runs of the same config (its tuning rounds) instead of training them again
+    if args.own_replay and not args.quick:  # stage 2's final seeds are fresh: stage 1's test splits were read
+        stage1 = RESULTS / "mutual_real_small.json"
+        seen = set(json.loads(stage1.read_text()).get("final_seeds", [])) if stage1.is_file() else set()
+        if seen & set(args.final):
+            ap.error(f"--final-seeds {args.final_seeds}: stage 1 read the test split of seeds {sorted(seen)}; "
+                     "stage 2 needs fresh ones (e.g. --final-seeds 3,4,5)")
+    return args
 
-    from study import Arm, Study
 
+def task_choice(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The zero-shot table (measured, or ``--zero-shot-from``) and the task mix, formats and
+    extraction chosen from it."""
     from mutualrl.realmodels import prepare_preset
 
     prepare_preset("real-small", progress=False)
-    zs = None
     if args.zero_shot_from is not None:
         zs = json.loads(args.zero_shot_from.read_text())["zero_shot"]
-    if zs is None:
+    else:
         t = time.perf_counter()
         zs = zero_shot(args.zero_shot_size, 12)
         print(f"zero-shot study {time.perf_counter() - t:.0f}s", flush=True)
     choice = choose(zs, constant_answer_share(), args.zero_shot_size)
     print(f"task mix: {choice['tasks']} (zero-shot on validation {choice['accuracy']}), extraction "
           f"{choice['extraction']}, formats {choice['formats']}", flush=True)
-    tune, final = [int(x) for x in args.tune_seeds.split(",")], [int(x) for x in args.final_seeds.split(",")]
-    # stage 2 takes stage 1's runs of the same config (its tuning rounds) instead of training them again
-    if args.own_replay and not args.quick:  # stage 2's final seeds are fresh: stage 1's test splits were read
-        stage1 = ROOT / "benchmarks" / "results" / "mutual_real_small.json"
-        seen = set(json.loads(stage1.read_text()).get("final_seeds", [])) if stage1.is_file() else set()
-        if seen & set(final):
-            ap.error(f"--final-seeds {args.final_seeds}: stage 1 read the test split of seeds {sorted(seen)}; "
-                     "stage 2 needs fresh ones (e.g. --final-seeds 3,4,5)")
-    study = Study(args.name, lambda seed: base_config(choice, args, seed), Path(args.out), jobs=args.jobs,
-                  reuse=args.reuse, parallel=args.parallel, final_seeds=final,
-                  reuse_from=["mutual_real_small"] if args.own_replay else [], reuse_from_seeds=tune)
+    return zs, choice
+
+
+def stage2(study: Study, best: Arm, grpo: dict[str, Any], tokens: int, tune: list[int]) -> Arm:
+    """``--own-replay``: the control's own rows inside the sharing arm, at the control's budget,
+    against the first round's choice (on validation of the tuning seeds)."""
+    own = {"weight": SGT_LAMBDA, "replay_steps": 16, "own_extra_rows": 64, "match_tokens": tokens}
+    candidates = [Arm(name, "sharing", "sharing", {"grpo": grpo, "sharing": {"strategy": "imitate",
+                                                                             "imitate": {**own, **extra}}})
+                  for name, extra in (("imitate_replay16_own", {}),
+                                      ("imitate_replay16_own_pw0.5", {"peer_weight": SGT_LAMBDA / 2}))]
+    study.notes.append("Sharing candidates in two stages: imitate and imitate_replay4 first (the matched "
+                       f"control's budget, {tokens} tokens a step, is the stage-1 choice's); then, added after "
+                       "the first round's test figures were seen, imitate_replay16_own (imitate with the "
+                       "control's own earlier successes up to the same budget: the two arms differ by the "
+                       "peers' rows) and the same with the peers' rows at half weight; all chosen on validation "
+                       "of the tuning seeds only.")
+    return study.tune("sharing_stage2", [best, *candidates], tune)
+
+
+def tuned_arms(study: Study, args: argparse.Namespace) -> tuple[dict[str, Arm], int, str]:
+    """The tuning rounds on the tuning seeds: the chosen arms by kind, the compute-matched control's
+    token budget a step and the arm it was taken from."""
+    tune = args.tune
     ind = study.tune("independent", [Arm(f"independent_lr{n}", "independent", "baseline",
                                          {"grpo": {"learning_rate": lr}})
                                      for n, lr in (("1e-5", 1e-5), ("3e-5", 3e-5))], tune)
@@ -353,40 +381,38 @@ def main() -> None:
     matched = Arm("self_imitate_matched", "self_imitate_matched", "baseline",
                   {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": {
                       "weight": SGT_LAMBDA, "extra_rows": 64, "match_tokens": tokens, "replay_steps": 16}}})
-    if args.own_replay:  # stage 2: the control's own rows inside the sharing arm, at the control's budget
-        own = {"weight": SGT_LAMBDA, "replay_steps": 16, "own_extra_rows": 64, "match_tokens": tokens}
-        stage2 = [Arm(name, "sharing", "sharing", {"grpo": grpo, "sharing": {"strategy": "imitate",
-                                                                             "imitate": {**own, **extra}}})
-                  for name, extra in (("imitate_replay16_own", {}),
-                                      ("imitate_replay16_own_pw0.5", {"peer_weight": SGT_LAMBDA / 2}))]
-        best = study.tune("sharing_stage2", [best, *stage2], tune)
-        study.notes.append("Sharing candidates in two stages: imitate and imitate_replay4 first (the matched "
-                           f"control's budget, {tokens} tokens a step, is the stage-1 choice's); then, added after "
-                           "the first round's test figures were seen, imitate_replay16_own (imitate with the "
-                           "control's own earlier successes up to the same budget: the two arms differ by the "
-                           "peers' rows) and the same with the peers' rows at half weight; all chosen on validation "
-                           "of the tuning seeds only.")
+    if args.own_replay:
+        best = stage2(study, best, grpo, tokens, tune)
+    return {"independent": ind, "self_imitate": ctrl, "matched": matched, "sharing": best}, tokens, budget_from
+
+
+def main() -> None:
+    args = checked_args(parser())
+    zs, choice = task_choice(args)
+    tune, final = args.tune, args.final
+    study = Study(args.name, lambda seed: base_config(choice, args, seed), Path(args.out), results=RESULTS,
+                  jobs=args.jobs, reuse=args.reuse, parallel=args.parallel, final_seeds=final,
+                  reuse_from=["mutual_real_small"] if args.own_replay else [], reuse_from_seeds=tune)
+    chosen, tokens, budget_from = tuned_arms(study, args)
     study.notes.append(f"Task mix chosen by the zero-shot study on validation problems: {', '.join(choice['tasks'])}; "
                        f"{args.prompts} prompts x {args.generations} samples per step, {args.steps} steps. "
                        f"Compute-matched control: self_imitate with own earlier successes until a step trains "
                        f"{tokens} tokens ({budget_from}'s per step on the tuning seeds).")
-    chosen = {"independent": ind, "self_imitate": ctrl, "matched": matched, "sharing": best}
-    if "matched_sharing" in wanted:  # the chosen sharing arm held to each policy's tokens in the control
-        chosen["matched_sharing"] = held_to_control(study, best, matched, tune, choice, args)
-    arms = tuple(a for w, a in chosen.items() if w in wanted)
+    if "matched_sharing" in args.wanted:  # the chosen sharing arm held to each policy's tokens in the control
+        chosen["matched_sharing"] = held_to_control(study, chosen["sharing"], chosen["matched"], tune, choice, args)
+    arms = tuple(a for w, a in chosen.items() if w in args.wanted)
     if len(arms) < len(chosen):
         study.notes.append(f"Final seeds {args.final_seeds} trained only: {', '.join(a.name for a in arms)}; the other "
                            "chosen arms are reported on the seeds they trained (arms_on_fewer_seeds), and "
                            "on_common_seeds repeats the peers' share there with every arm competing. The strongest "
                            "baseline of the headline is chosen by validation among the arms on every final seed.")
     study.run((a, s_) for s_ in final for a in arms)
-    # every chosen arm is reported: one trained on fewer seeds apart, over its own (study.aggregate)
+    # every chosen arm is reported: one trained on fewer seeds apart, over its own (the aggregation)
     study.arms = {a.name: a for a in chosen.values()}
     dirs = [Path(args.out) / f"{a.name}-seed{s_}" for a in chosen.values() for s_ in final]
     study.write({"policies": ["smollm2 (SmolLM2-135M-Instruct)", "gemma3 (Gemma-3-270M)"], "zero_shot": zs,
                  "choice": choice, "candidates": CANDIDATES, "steps": args.steps, "tune_seeds": tune,
                  "thl_residual": thl_residual([d for d in dirs if d.is_dir()])})
-
 
 if __name__ == "__main__":
     main()

@@ -13,10 +13,7 @@ byte-level BPE, specialised in times 3; ``llama-x4``: Llama, Unigram, in times 4
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mutual
 

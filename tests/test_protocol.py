@@ -64,38 +64,30 @@ def test_with_a_validation_split_the_test_split_is_read_once_at_the_end(tiny_con
                                              "test_acc_initial", "test_acc_final", "test_acc_best"}
 
 
-def test_a_study_reuses_a_committed_record_trained_on_other_threads_only(tiny_config, tmp_path, monkeypatch):
+def test_a_study_reuses_a_committed_record_trained_on_other_threads_only(tiny_config, tmp_path):
     """A study continued with other torch ``threads`` (a machine setting) keeps the committed record of
     a run; any change of what is trained retrains it."""
-    import importlib
     import json
-    import sys
-    from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    study_mod = importlib.import_module("study")
-    assert study_mod.__file__ and "benchmarks" in study_mod.__file__, sys.path[:2]
-    monkeypatch.setattr(study_mod, "RESULTS", tmp_path)
-    s = study_mod.Study("t", lambda seed: dict(tiny_config, threads=1), tmp_path / "runs", reuse=True)
-    arm = study_mod.Arm("a", "independent", "baseline", {})
+    from mutualrl.study import Arm, Study
+
+    s = Study("t", lambda seed: dict(tiny_config, threads=1), tmp_path / "runs", results=tmp_path, reuse=True)
+    arm = Arm("a", "independent", "baseline", {})
     (tmp_path / "t_runs").mkdir()
     (tmp_path / "t_runs" / "a-seed0.json").write_text(json.dumps({"config": s.config(arm, 0)}))
-    assert s._recorded(arm, 0, dict(s.config(arm, 0), threads=2))
-    assert not s._recorded(arm, 0, dict(s.config(arm, 0), steps=7))
-    assert not s._recorded(arm, 1, s.config(arm, 1))
+    assert s.finder.recorded("a", 0, dict(s.config(arm, 0), threads=2))
+    assert not s.finder.recorded("a", 0, dict(s.config(arm, 0), steps=7))
+    assert not s.finder.recorded("a", 1, s.config(arm, 1))
 
 
-def test_an_arm_on_fewer_seeds_is_reported_apart_and_competes_on_the_common_seeds(tmp_path, monkeypatch):
+def test_an_arm_on_fewer_seeds_is_reported_apart_and_competes_on_the_common_seeds(tmp_path):
     """A study whose later seeds trained only the headline's arms keeps every arm: the headline over
     the longest seed list, the others over their own seeds, and the peers' share again over the
     seeds every arm holds, every baseline competing (here the stronger one only ran seeds 0-1)."""
-    import importlib
     import json
-    from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    study_mod = importlib.import_module("study")
-    monkeypatch.setattr(study_mod, "RESULTS", tmp_path)
+    from mutualrl.study.aggregate import aggregate, committed_arms, rewrite
+
     runs = tmp_path / "s_runs"
     runs.mkdir()
     acc = {"share": [0.5, 0.6, 0.7], "weak": [0.4, 0.4, 0.4], "strong": [0.55, 0.65]}
@@ -107,7 +99,7 @@ def test_an_arm_on_fewer_seeds_is_reported_apart_and_competes_on_the_common_seed
                    "evals": [{"policy": "p", "step": 4, "val_acc": a, "test_acc": a}],
                    "steps": [{"policy": "p", "step": 1, "train_tokens": 10, "optimizer_steps": 1, "gen_tokens": 5}]}
             (runs / f"{arm}-seed{seed}.json").write_text(json.dumps(rec))
-    out = study_mod.aggregate("s", ["share", "weak", "strong"])
+    out = aggregate(tmp_path, "s", ["share", "weak", "strong"])
     assert out["final_seeds"] == [0, 1, 2] and set(out["arms"]) == {"share", "weak"}
     assert out["peers_share"]["strongest_baseline"] == "weak"
     assert abs(out["peers_share"]["mean"] - 20.0) < 1e-9
@@ -116,13 +108,13 @@ def test_an_arm_on_fewer_seeds_is_reported_apart_and_competes_on_the_common_seed
     assert common["seeds"] == [0, 1] and common["peers_share"]["strongest_baseline"] == "strong"
     assert [round(v, 9) for v in common["peers_share"]["values"]] == [-5.0, -5.0]
     (tmp_path / "s.json").write_text(json.dumps(out))
-    assert study_mod._arms_to_aggregate("s", None) == ["share", "weak", "strong"]
+    assert committed_arms(tmp_path, "s") == ["share", "weak", "strong"]
     # an arm absent from the committed result (a tuning candidate) stays out of a re-aggregation
-    assert "weak" not in study_mod.aggregate("s", ["share", "strong"])["arms"]
+    assert "weak" not in aggregate(tmp_path, "s", ["share", "strong"])["arms"]
     # --write: the figures replaced, what the study run recorded about itself kept, a note added
     (tmp_path / "s.json").write_text(json.dumps({**out, "peers_share": None, "efficiency": {"old": 1},
                                                  "tuning": {"t": 1}, "notes": ["n"]}))
-    new = study_mod.rewrite("s", study_mod.aggregate("s", ["share", "weak"]))
+    new = rewrite(tmp_path, "s", aggregate(tmp_path, "s", ["share", "weak"]))
     assert json.loads((tmp_path / "s.json").read_text()) == new
     assert new["tuning"] == {"t": 1} and new["notes"][0] == "n" and "re-aggregated" in new["notes"][1]
     assert abs(new["peers_share"]["mean"] - 20.0) < 1e-9 and "efficiency" not in new
@@ -139,9 +131,12 @@ def test_declared_final_seeds_leave_a_tuning_run_out_and_a_later_stage_reuses_th
     import json
     from pathlib import Path
 
+    from mutualrl.study import Arm, Study
+    from mutualrl.study.aggregate import aggregate, committed_final_seeds
+
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    study_mod = importlib.import_module("study")
-    monkeypatch.setattr(study_mod, "RESULTS", tmp_path)
+    bench_study = importlib.import_module("study")  # benchmarks/study.py: re-aggregates benchmarks/results
+    monkeypatch.setattr(bench_study, "RESULTS", tmp_path)
     runs = tmp_path / "s_runs"
     runs.mkdir()
     acc = {"share": {3: 0.6, 4: 0.7}, "base": {0: 0.9, 3: 0.5, 4: 0.5}}
@@ -152,55 +147,55 @@ def test_declared_final_seeds_leave_a_tuning_run_out_and_a_later_stage_reuses_th
                    "evals": [{"policy": "p", "step": 4, "val_acc": a, "test_acc": a}],
                    "steps": [{"policy": "p", "step": 1, "train_tokens": 10, "optimizer_steps": 1, "gen_tokens": 5}]}
             (runs / f"{arm}-seed{seed}.json").write_text(json.dumps(rec))
-    longest = study_mod.aggregate("s", ["share", "base"])
+    longest = aggregate(tmp_path, "s", ["share", "base"])
     assert longest["final_seeds"] == [0, 3, 4] and set(longest["arms"]) == {"base"}  # the tuning run took over
-    out = study_mod.aggregate("s", ["share", "base"], [3, 4])
+    out = aggregate(tmp_path, "s", ["share", "base"], [3, 4])
     assert out["final_seeds"] == [3, 4] and set(out["arms"]) == {"share", "base"}
     assert out["arms"]["base"]["seeds"] == [3, 4] and abs(out["peers_share"]["mean"] - 15.0) < 1e-9
     (tmp_path / "s.json").write_text(json.dumps({**out, "declared_final_seeds": [3, 4]}))
-    assert study_mod._seeds_to_aggregate("s", None) == [3, 4] and study_mod._seeds_to_aggregate("s", "0,3") == [0, 3]
+    assert committed_final_seeds(tmp_path, "s") == [3, 4]
+    assert bench_study._seeds("s", None) == [3, 4] and bench_study._seeds("s", "0,3") == [0, 3]
 
-    first = study_mod.Study("first", lambda seed: dict(tiny_config, threads=1), tmp_path / "r1", reuse=True)
-    arm = study_mod.Arm("a", "independent", "baseline", {})
+    first = Study("first", lambda seed: dict(tiny_config, threads=1), tmp_path / "r1", results=tmp_path, reuse=True)
+    arm = Arm("a", "independent", "baseline", {})
     (tmp_path / "first_runs").mkdir()
     (tmp_path / "first_runs" / "a-seed0.json").write_text(json.dumps({"config": first.config(arm, 0)}))
-    later = study_mod.Study("later", lambda seed: dict(tiny_config, threads=2), tmp_path / "r2", reuse=True,
-                            reuse_from=["first"])
-    assert later._recorded(arm, 0, later.config(arm, 0))
+    later = Study("later", lambda seed: dict(tiny_config, threads=2), tmp_path / "r2", results=tmp_path, reuse=True,
+                  reuse_from=["first"])
+    assert later.finder.recorded("a", 0, later.config(arm, 0))
     assert json.loads((tmp_path / "later_runs" / "a-seed0.json").read_text()) == {"config": first.config(arm, 0),
                                                                                   "reused_from": "first"}
-    assert not later._recorded(arm, 0, dict(later.config(arm, 0), steps=7))
-    assert not later._recorded(arm, 1, later.config(arm, 1))
+    assert not later.finder.recorded("a", 0, dict(later.config(arm, 0), steps=7))
+    assert not later.finder.recorded("a", 1, later.config(arm, 1))
     # only the earlier stage's tuning seeds are taken (its final runs' test split was read)
     (tmp_path / "first_runs" / "a-seed3.json").write_text(json.dumps({"config": first.config(arm, 3)}))
-    fresh = study_mod.Study("fresh", lambda seed: dict(tiny_config, threads=2), tmp_path / "r3", reuse=True,
-                            reuse_from=["first"], reuse_from_seeds=[0])
-    assert fresh._recorded(arm, 0, fresh.config(arm, 0)) and not fresh._recorded(arm, 3, fresh.config(arm, 3))
+    fresh = Study("fresh", lambda seed: dict(tiny_config, threads=2), tmp_path / "r3", results=tmp_path, reuse=True,
+                  reuse_from=["first"], reuse_from_seeds=[0])
+    assert fresh.finder.recorded("a", 0, fresh.config(arm, 0))
+    assert not fresh.finder.recorded("a", 3, fresh.config(arm, 3))
     # a record of the same config trained on other starting weights is trained again
     (tmp_path / "first_runs" / "a-seed0.json").write_text(json.dumps({"config": first.config(arm, 0),
                                                                        "weights": {"a": "elsewhere", "b": "x"}}))
-    other = study_mod.Study("other", lambda seed: dict(tiny_config, threads=2), tmp_path / "r4", reuse=True,
-                            reuse_from=["first"])
-    assert not other._recorded(arm, 0, other.config(arm, 0))
+    other = Study("other", lambda seed: dict(tiny_config, threads=2), tmp_path / "r4", results=tmp_path, reuse=True,
+                  reuse_from=["first"])
+    assert not other.finder.recorded("a", 0, other.config(arm, 0))
 
 
-def test_runs_of_one_seed_from_different_builds_are_not_paired(tmp_path, monkeypatch):
+def test_runs_of_one_seed_from_different_builds_are_not_paired(tmp_path):
     """Two arms of one seed whose records name different starting weights (the same zoo cache path
     built on another CPU kind) are refused by the aggregation, naming the seed; equal weights pair."""
-    import importlib
     import json
-    from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    study_mod = importlib.import_module("study")
-    common = importlib.import_module("_common")
-    monkeypatch.setattr(study_mod, "RESULTS", tmp_path)
+    from mutualrl.study import StudyError
+    from mutualrl.study.aggregate import aggregate
+    from mutualrl.study.provenance import weights_fingerprint
+
     model = tmp_path / "m"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"\x00" * 8)
-    built_here = common.weights_fingerprint(model)
+    built_here = weights_fingerprint(model)
     (model / "model.safetensors").write_bytes(b"\x01" * 8)
-    assert common.weights_fingerprint(model) != built_here and common.weights_fingerprint(tmp_path / "x") == "none"
+    assert weights_fingerprint(model) != built_here and weights_fingerprint(tmp_path / "x") == "none"
     runs = tmp_path / "s_runs"
     runs.mkdir()
 
@@ -213,22 +208,19 @@ def test_runs_of_one_seed_from_different_builds_are_not_paired(tmp_path, monkeyp
 
     record("share", "sharing", built_here)
     record("base", "baseline", built_here)
-    assert study_mod.aggregate("s", ["share", "base"])["final_seeds"] == [0]
-    record("base", "baseline", common.weights_fingerprint(model))
-    with pytest.raises(SystemExit, match="seed 0: .*other weights"):
-        study_mod.aggregate("s", ["share", "base"])
+    assert aggregate(tmp_path, "s", ["share", "base"])["final_seeds"] == [0]
+    record("base", "baseline", weights_fingerprint(model))
+    with pytest.raises(StudyError, match="seed 0: .*other weights"):
+        aggregate(tmp_path, "s", ["share", "base"])
 
 
-def test_a_sharing_arm_held_to_the_controls_compute_is_reported_against_it_apart(tmp_path, monkeypatch):
+def test_a_sharing_arm_held_to_the_controls_compute_is_reported_against_it_apart(tmp_path):
     """A ``matched_sharing`` arm (the sharing arm held to the control's tokens per policy) is compared with
     the strongest baseline with its compute ratio, and never competes for the best sharing arm."""
-    import importlib
     import json
-    from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    study_mod = importlib.import_module("study")
-    monkeypatch.setattr(study_mod, "RESULTS", tmp_path)
+    from mutualrl.study.aggregate import aggregate
+
     runs = tmp_path / "s_runs"
     runs.mkdir()
     arms = {"share": ("sharing", 0.6, 30), "base": ("baseline", 0.5, 10), "held": ("matched_sharing", 0.9, 10)}
@@ -239,23 +231,20 @@ def test_a_sharing_arm_held_to_the_controls_compute_is_reported_against_it_apart
                    "evals": [{"policy": "p", "step": 4, "val_acc": acc, "test_acc": acc + 0.01 * seed}],
                    "steps": [{"policy": "p", "step": 1, "train_tokens": tokens, "optimizer_steps": 1, "gen_tokens": 5}]}
             (runs / f"{arm}-seed{seed}.json").write_text(json.dumps(rec))
-    out = study_mod.aggregate("s", list(arms))
+    out = aggregate(tmp_path, "s", list(arms))
     assert out["peers_share"]["best_sharing_arm"] == "share" and abs(out["peers_share"]["mean"] - 10.0) < 1e-9
     held = out["matched_sharing"]["held"]
     assert held["vs_strongest_baseline"]["baseline"] == "base" and abs(held["vs_strongest_baseline"]["mean"] - 40) < 1e-9
     assert held["compute_match"]["trained_tokens"] == 1.0 and out["compute_match"]["within_10_percent"] is False
 
 
-def test_the_compute_match_is_reported_per_seed_and_per_policy(tmp_path, monkeypatch):
+def test_the_compute_match_is_reported_per_seed_and_per_policy(tmp_path):
     """A sharing arm matched to its control on the two policies' sum can still train one policy far
     more than that policy's control: the compute match says so per policy and per seed."""
-    import importlib
     import json
-    from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    study_mod = importlib.import_module("study")
-    monkeypatch.setattr(study_mod, "RESULTS", tmp_path)
+    from mutualrl.study.aggregate import aggregate
+
     runs = tmp_path / "s_runs"
     runs.mkdir()
     tokens = {"share": {"a": 30, "b": 10}, "base": {"a": 20, "b": 20}}  # equal sums, 1.5x and 0.5x per policy
@@ -267,7 +256,7 @@ def test_the_compute_match_is_reported_per_seed_and_per_policy(tmp_path, monkeyp
                    "steps": [{"policy": p, "step": 1, "train_tokens": tokens[arm][p] * (1 + seed),
                               "optimizer_steps": 1, "gen_tokens": 5} for p in "ab"]}
             (runs / f"{arm}-seed{seed}.json").write_text(json.dumps(rec))
-    cm = study_mod.aggregate("s", ["share", "base"])["compute_match"]
+    cm = aggregate(tmp_path, "s", ["share", "base"])["compute_match"]
     assert cm["trained_tokens"] == 1.0 and cm["within_10_percent"] is True
     assert cm["trained_tokens_per_seed"] == [1.0, 1.0]
     assert cm["trained_tokens_per_policy"] == {"a": {"mean": 1.5, "values": [1.5, 1.5]},

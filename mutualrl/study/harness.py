@@ -1,0 +1,318 @@
+"""The protocol a reviewer accepts, as a library: choices on validation, the test split read once,
+compute-matched baselines, seeds that vary the prompts, paired intervals, committed per-run records.
+
+A study is a sequence of *tuning rounds* and one *final round*:
+
+- a tuning round (:meth:`Study.tune`) runs each candidate of a family (``independent`` at several
+  learning rates, say) on the tuning seeds and keeps the candidate with the best mean final
+  **validation** accuracy (the average over the policies); later rounds build on the choices of
+  earlier ones (the sharing arms take the tuned GRPO settings);
+- the final round (:meth:`Study.run`) runs every chosen arm on every final seed. A run's seed is its
+  prompt stream's (``task.prompt_seed`` follows the run's ``seed``) and its sampling's; its test
+  split is read once, at its end.
+
+Every run's compact record (:mod:`mutualrl.study.records`) goes to ``<results>/<name>_runs/``; the
+study's JSON (:meth:`Study.write`) is aggregated from those files alone
+(:func:`mutualrl.study.aggregate.aggregate`), so every figure can be traced and recomputed.
+
+Runs go ``jobs`` at a time, each in its own process (``python -m mutualrl.study.one``; torch threads
+= cores / jobs); ``reuse`` keeps finished runs whose config is unchanged (a run directory's summary,
+or a committed record when the run directories are gone) and resumes interrupted ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mutualrl.run.progress import Progress
+from mutualrl.study.aggregate import (
+    StudyError,
+    aggregate,
+    check_paired_builds,
+    final_val,
+    print_table,
+    runs_dir,
+)
+from mutualrl.study.provenance import git_rev, machine, write_json
+from mutualrl.study.records import (
+    compact_record,
+    deep_merge,
+    load_records,
+    log_path,
+    run_name,
+    spec_path,
+    write_record,
+)
+from mutualrl.study.reuse import RecordFinder, same_config
+
+ROLES = ("baseline", "sharing", "matched_sharing", "efficiency", "half_baseline")
+"""An arm's role: ``baseline`` (single model), ``sharing``, ``matched_sharing`` (a sharing arm held to
+each policy's compute in the strongest baseline: reported against it, not a candidate for the best
+arm), ``efficiency`` (sharing at a smaller own budget) or ``half_baseline`` (single model at that
+budget)."""
+
+
+class RunFailed(RuntimeError):
+    """A run of the study exited with an error; the message names the arm, the seed and its log."""
+
+
+@dataclass
+class Arm:
+    """One arm of a study: a name, its family (the tuning round it belongs to), its role (one of
+    :data:`ROLES`) and its overrides of the study's base run config."""
+
+    name: str
+    family: str
+    role: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Running:
+    arm: Arm
+    seed: int
+    run_dir: Path
+    proc: subprocess.Popen[bytes]
+
+
+@dataclass
+class Study:
+    """Runs arms on seeds under one base config; records and aggregates them."""
+
+    name: str
+    base_config: Callable[[int], dict[str, Any]]
+    """seed -> the run config every arm starts from."""
+    out: Path
+    """Where the run directories go (``<out>/<arm>-seed<N>/``)."""
+    results: Path | None = None
+    """Where the records (``<name>_runs/``), the JSON (``<name>.json``) and the report
+    (``<name>_report/``) go; None: ``out``."""
+    jobs: int = 1
+    reuse: bool = False
+    parallel: int | None = None
+    """Runs at once (default ``jobs``): fewer than ``jobs`` keeps the runs' configs (threads = cores /
+    jobs) where memory does not hold ``jobs`` of them (two real-model runs peak at ~24 GB together)."""
+    final_seeds: list[int] | None = None
+    """The final round's seeds, when they are declared (fresh seeds apart from the tuning seeds): the
+    headline is aggregated over these alone, so a tuning run on another seed of a chosen arm stays out
+    of it. None: the longest seed list an arm holds (the tuning seed is then one of the final ones)."""
+    reuse_from: list[str] = field(default_factory=list)
+    """Other studies (in ``results``) whose records this one may take, copied into its own ``_runs/``
+    (with ``reuse``; marked ``reused_from``): a later stage of a study reuses the earlier stage's runs
+    of the same config instead of training them again."""
+    reuse_from_seeds: list[int] | None = None
+    """The seeds whose records ``reuse_from`` may give (a later stage takes the earlier one's tuning
+    runs, never its final runs, whose test split was read); None: any."""
+    records_suffice: bool = True
+    """With ``reuse``, a committed record stands for a run whose directory is gone; False for a study
+    that reads its run directories (their metrics or exchange beyond the record): such a run is
+    trained again."""
+    keep_checkpoints: bool = False
+    """Keep a finished run's checkpoints (default: removed once its record is written: the record is
+    all the study reads, and two checkpoints of the real-model pair take ~10 GB a run)."""
+    progress: Progress | None = None
+    """Counts finished (or reused) runs and shows what runs; None: one line per event on stderr."""
+    arms: dict[str, Arm] = field(default_factory=dict)
+    tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    t0: float = field(default_factory=time.perf_counter)
+    load_start: float = field(default_factory=lambda: os.getloadavg()[0])
+    _trained: set[Path] = field(default_factory=set)
+    """Run directories this study process trained (a later round reuses them even without ``reuse``)."""
+    _counted: set[Path] = field(default_factory=set)
+    """Run directories counted on the progress display (trained or reused: once each)."""
+    _finder: RecordFinder | None = None
+
+    @property
+    def results_dir(self) -> Path:
+        """Where the records, the JSON and the report go."""
+        return Path(self.results if self.results is not None else self.out)
+
+    @property
+    def runs_dir(self) -> Path:
+        """The study's records: ``<results>/<name>_runs``."""
+        return runs_dir(self.results_dir, self.name)
+
+    @property
+    def finder(self) -> RecordFinder:
+        """What finds a committed record of a run (this study's, or ``reuse_from``'s)."""
+        if self._finder is None:
+            self._finder = RecordFinder(self.results_dir, self.name, self.reuse_from, self.reuse_from_seeds, self.say)
+        return self._finder
+
+    def config(self, arm: Arm, seed: int) -> dict[str, Any]:
+        """The run config of ``arm`` on ``seed``: the base config with the arm's overrides; the prompt
+        stream follows the run's seed."""
+        cfg = deep_merge(self.base_config(seed), arm.overrides)
+        cfg["seed"] = seed
+        cfg.setdefault("task", {}).pop("prompt_seed", None)
+        return cfg
+
+    def say(self, message: str) -> None:
+        """Show what the study does: on the progress display when there is one, else on stderr."""
+        if self.progress is not None and self.progress.enabled:
+            self.progress.update(self.progress.done, info=message)
+        else:
+            print(f"[{self.name}] {message}", file=sys.stderr, flush=True)
+
+    def _advance(self, run_dir: Path, message: str) -> None:
+        """One run of the study is done (trained, or reused): counted once per study process."""
+        if run_dir in self._counted:
+            return
+        self._counted.add(run_dir)
+        if self.progress is not None:
+            self.progress.update(self.progress.done + 1, info=message)
+        else:
+            self.say(message)
+
+    # ------------------------------------------------------------------ running
+    def _prepare(self, arm: Arm, seed: int) -> tuple[Path, bool] | None:
+        """Record a run that needs no training (None), or write its spec and say whether it resumes."""
+        from mutualrl.run.checkpoint import latest_checkpoint
+
+        self.arms.setdefault(arm.name, arm)
+        d = self.out / run_name(arm.name, seed)
+        cfg = self.config(arm, seed)
+        if (self.reuse or d in self._trained) and self._finished(d, cfg):  # trained already, record kept fresh
+            self._record(d)
+            self._advance(d, f"{arm.name} seed {seed} reused")
+            return None
+        if self.reuse and self.records_suffice and self.finder.recorded(arm.name, seed, cfg):  # kept as it is
+            self._advance(d, f"{arm.name} seed {seed} recorded before")
+            return None
+        resume = self.reuse and d.is_dir() and self._same_spec(d, cfg) and latest_checkpoint(d) is not None
+        if d.exists() and not resume:
+            shutil.rmtree(d)
+        d.parent.mkdir(parents=True, exist_ok=True)
+        spec_path(d).write_text(json.dumps({"arm": arm.name, "family": arm.family, "role": arm.role, "seed": seed,
+                                            "overrides": arm.overrides, "config": cfg, "git_rev": git_rev()}))
+        return d, resume
+
+    def run(self, pairs: Iterable[tuple[Arm, int]]) -> None:
+        """Train every (arm, seed) not yet recorded, ``jobs`` at a time; record each compactly."""
+        todo = []
+        for arm, seed in pairs:
+            prepared = self._prepare(arm, seed)
+            if prepared is not None:
+                todo.append((arm, seed, *prepared))
+        threads = max(1, (os.cpu_count() or 1) // max(1, self.jobs))
+        at_once = max(1, min(self.parallel or self.jobs, self.jobs))  # more than jobs would oversubscribe
+        running: list[_Running] = []
+        for arm, seed, d, resume in todo:
+            while len(running) >= at_once:
+                running = self._reap(running)
+                if len(running) >= at_once:
+                    time.sleep(1)
+            cmd = [sys.executable, "-m", "mutualrl.study.one", str(d)] + (["--resume"] if resume else [])
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+            self.say(f"{arm.name} seed {seed}{' (resumed)' if resume else ''} -> {d}")
+            with log_path(d).open("ab") as log:  # the child holds its own descriptor for its whole life
+                running.append(_Running(arm, seed, d, subprocess.Popen(cmd, env=env, stdout=log, stderr=log)))
+        while running:
+            running = self._reap(running)
+            if running:
+                time.sleep(1)
+
+    def _reap(self, running: list[_Running]) -> list[_Running]:
+        """Record every run that finished (at once, so that a study stopped later keeps it); stop the
+        study at the first failed run, terminating the others (a rerun would race them)."""
+        left = []
+        for r in running:
+            code = r.proc.poll()
+            if code is None:
+                left.append(r)
+            elif code != 0:
+                for other in running:
+                    if other.proc.poll() is None:
+                        other.proc.terminate()
+                        other.proc.wait()
+                raise RunFailed(f"run {r.arm.name} seed {r.seed} failed (exit {code}); its log: "
+                                f"{log_path(r.run_dir)}")
+            else:
+                self._record(r.run_dir)
+                self._trained.add(r.run_dir)
+                if not self.keep_checkpoints:  # the record is what the study reads; a real model's are GBs
+                    shutil.rmtree(r.run_dir / "checkpoints", ignore_errors=True)
+                self._advance(r.run_dir, f"{r.arm.name} seed {r.seed} recorded")
+        return left
+
+    def _same_spec(self, d: Path, cfg: dict[str, Any]) -> bool:
+        try:
+            return same_config(json.loads(spec_path(d).read_text())["config"], cfg, ignore_threads=False)
+        except (OSError, ValueError, KeyError):
+            return False
+
+    def _finished(self, d: Path, cfg: dict[str, Any]) -> bool:
+        return (d / "summary.json").is_file() and self._same_spec(d, cfg)
+
+    def _record(self, d: Path) -> None:
+        write_record(self.runs_dir, compact_record(d, json.loads(spec_path(d).read_text())))
+
+    # ------------------------------------------------------------------ protocol
+    def records(self, arm: Arm, seeds: Sequence[int]) -> list[dict[str, Any]]:
+        """The records of ``arm``'s runs on ``seeds``."""
+        return [r for r in load_records(self.runs_dir) if r["arm"] == arm.name and r["seed"] in seeds]
+
+    def tune(self, family: str, candidates: Sequence[Arm], seeds: Sequence[int]) -> Arm:
+        """Run ``candidates`` on ``seeds``; the one with the best mean final validation accuracy."""
+        self.run((a, s) for a in candidates for s in seeds)
+        runs = [r for a in candidates for r in self.records(a, seeds)]
+        check_paired_builds(runs)
+        scores = {}
+        for a in candidates:
+            vals = [final_val(r) for r in runs if r["arm"] == a.name]
+            if not vals:
+                raise StudyError(f"{family}: candidate {a.name} has no record on seeds {list(seeds)}")
+            scores[a.name] = {"val_final": vals, "mean": statistics.fmean(vals), "overrides": a.overrides}
+        chosen = max(candidates, key=lambda a: scores[a.name]["mean"])
+        self.tuning[family] = {"seeds": list(seeds), "candidates": scores, "chosen": chosen.name,
+                               "rule": "highest mean final validation accuracy (average over the policies)"}
+        self.say(f"{family}: chose {chosen.name} (validation "
+                 + ", ".join(f"{n} {100 * v['mean']:.1f}" for n, v in scores.items()) + ")")
+        return chosen
+
+    def per_step_by_policy(self, arm: Arm, seeds: Sequence[int], key: str) -> dict[str, float]:
+        """The mean of step metric ``key`` of ``arm`` per step, for each policy (from its records)."""
+        runs = self.records(arm, seeds)
+        return {p: statistics.fmean(s.get(key, 0) for r in runs for s in r["steps"] if s["policy"] == p)
+                for p in runs[0]["policies"]}
+
+    def per_step(self, arm: Arm, seeds: Sequence[int], key: str) -> float:
+        """The mean of step metric ``key`` of ``arm`` per policy and step (from its records)."""
+        return statistics.fmean(s.get(key, 0) for r in self.records(arm, seeds) for s in r["steps"])
+
+    def write(self, extra: Mapping[str, Any] | None = None, *, report: bool = True,
+              table: bool = True) -> dict[str, Any]:
+        """Aggregate the records of this study's arms into ``<results>/<name>.json`` and (``report``,
+        when the run directories are here) the report with its figure in ``<results>/<name>_report/``."""
+        records = [r for r in load_records(self.runs_dir) if r["arm"] in self.arms]
+        threads = sorted({r["config"].get("threads") or 0 for r in records})
+        if len(threads) > 1:
+            self.notes.append(f"Runs trained on {' or '.join(map(str, threads))} torch threads (records reused "
+                              "across a change of threads, which sets the speed, not the training).")
+        result = aggregate(self.results_dir, self.name, list(self.arms), self.final_seeds)
+        mach = machine()
+        mach["load_avg"] = {"start": self.load_start, "end": os.getloadavg()[0]}
+        result.update({"tuning": self.tuning, "notes": self.notes, "machine": mach, "jobs": self.jobs,
+                       **({"declared_final_seeds": self.final_seeds} if self.final_seeds else {}),
+                       "wall_s": time.perf_counter() - self.t0, **(extra or {})})
+        write_json(self.results_dir / f"{self.name}.json", result)
+        dirs = [d for r in records if (d := self.out / run_name(r["arm"], r["seed"])).is_dir()]
+        if report and dirs:
+            from mutualrl.study.report import write_report
+
+            write_report(dirs, self.results_dir / f"{self.name}_report", title=f"mutualrl {self.name}",
+                         notes=self.notes)
+        if table:
+            print_table(result)
+        return result
