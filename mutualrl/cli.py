@@ -12,12 +12,13 @@ import sys
 from collections.abc import Sequence
 
 from mutualrl.allocation.base import WorkerFailed
-from mutualrl.run.checkpoint import CheckpointError
 from mutualrl.errors import UserError
+from mutualrl.run.checkpoint import CheckpointError
 
 # (module, attribute) pairs; each attribute is ``register(subparsers) -> None``.
 _COMMANDS: list[tuple[str, str]] = [
     ("mutualrl.commands", "register"),
+    ("mutualrl.study.command", "register"),
     ("mutualrl.export.model", "register"),
     ("mutualrl.thl.cli", "register"),
     ("mutualrl.realmodels", "register"),

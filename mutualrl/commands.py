@@ -1,4 +1,5 @@
-"""CLI subcommands for training: ``train``, ``eval``, ``demo``, ``compare``, ``tasks``.
+"""CLI subcommands for training: ``train``, ``eval``, ``demo``, ``compare``, ``strategies``, ``tasks``
+(``study`` lives with the study harness, :mod:`mutualrl.study.command`).
 
 Each command imports what it runs when it runs (the resolver, the trainer, workers: torch and
 transformers come with them), so ``mutualrl --help`` starts without them.
@@ -22,6 +23,14 @@ from mutualrl.tasks import available_datasets
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``train``, ``eval``, ``demo``, ``compare``, ``strategies`` and ``tasks`` to the command line."""
+    _register_train(sub)
+    _register_eval(sub)
+    _register_demo(sub)
+    _register_listings(sub)
+
+
+def _register_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train the policies of a config (one strategy)",
                        description="Train the policies listed in CONFIG.yaml with GRPO and the configured "
                        "sharing strategy. Writes a run directory: config.yaml, metrics.jsonl, checkpoints/, "
@@ -45,6 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
+
+def _register_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="held-out accuracy of a run's last checkpoint, or of any model on a run's task",
                        description="mutualrl eval RUN_DIR: every policy of the run's last checkpoint on its held-out "
                        "test problems (JSON). mutualrl eval --model DIR_OR_HUB_ID --config CFG.yaml [--policy NAME]: "
@@ -65,6 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON (mutualrl eval RUN_DIR always does)")
     p.set_defaults(func=cmd_eval)
 
+
+def _register_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the embedded default end to end: zoo, arms, report",
                        description="Load the shipped policy zoo, run plain GRPO, the no-peer control self_imitate "
                        "and imitate (peers' verified successes plus the learner's own; or the --arms given) on the "
@@ -80,6 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing output directory")
     p.set_defaults(func=cmd_demo)
 
+
+def _register_listings(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="rebuild the comparison report from run directories")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("-o", "--output", default="report", help="output directory for report.md and figures")
@@ -116,6 +131,7 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """``mutualrl train``: train a config (or continue a run with ``--resume``) and print its summary."""
     from mutualrl.config.resolve import resolve, resolve_run
     from mutualrl.run.trainer import MutualTrainer
 
@@ -139,8 +155,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from mutualrl.run.checkpoint import latest_checkpoint
+    """``mutualrl eval``: a run's last checkpoint on its held-out problems, or ``--model`` on a config's."""
     from mutualrl.config.resolve import resolve_run
+    from mutualrl.run.checkpoint import latest_checkpoint
     from mutualrl.run.worker import PolicyWorker
 
     if args.model:
@@ -165,6 +182,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """``mutualrl demo``: the embedded default end to end (:func:`mutualrl.demo.run_demo`)."""
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -175,6 +193,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """``mutualrl compare``: the comparison report of run directories."""
     from mutualrl.study.report import write_report
 
     dirs = [Path(d) for d in args.run_dirs]
@@ -187,12 +206,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
+    """``mutualrl tasks list``: the reasoning-gym datasets usable as tasks."""
     for name in available_datasets():
         sys.stdout.write(name + "\n")
     return 0
 
 
 def cmd_strategies(args: argparse.Namespace) -> int:
+    """``mutualrl strategies``: every registered sharing step, its settings and what it needs."""
     from mutualrl.algorithms.registry import available_strategies, strategy_step
 
     for module in args.module:
