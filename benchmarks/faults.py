@@ -29,6 +29,7 @@ import argparse
 import collections
 import contextlib
 import errno
+import importlib.util
 import json
 import os
 import platform
@@ -45,8 +46,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _hostile import hostile_rows
 
 from mutualrl.run.tracking import is_measurement
@@ -61,6 +60,16 @@ REWARD_MODULE = '''
 def digits(prompts, completions, **columns):
     return [sum(c.isdigit() for c in t) / max(1, len(t)) for t in completions]
 '''
+
+
+def load_reward_module(path: Path) -> None:
+    """Import the written reward module by its path as ``faults_reward``, so that the runs in this
+    process resolve ``faults_reward:digits`` (the runs in subprocesses find it on their PYTHONPATH)."""
+    spec = importlib.util.spec_from_file_location("faults_reward", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["faults_reward"] = module
+    spec.loader.exec_module(module)
 
 
 # ----------------------------------------------------------------------------- setup
@@ -662,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="mutualrl-faults-"))
     (work / "faults_reward.py").write_text(REWARD_MODULE)
-    sys.path.insert(0, str(work))
+    load_reward_module(work / "faults_reward.py")
     from mutualrl.zoo import build_tiny_models
 
     models = build_tiny_models(work / "models")

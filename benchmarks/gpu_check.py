@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 import _real_size_smoke
 from _common import git_rev, machine, write_result
 

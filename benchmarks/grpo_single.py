@@ -21,11 +21,9 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import git_rev, machine, write_result
 
 

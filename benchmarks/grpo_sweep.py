@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import git_rev, machine, write_result
 
 BASE: dict[str, Any] = {

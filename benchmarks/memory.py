@@ -41,7 +41,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, git_rev, machine, write_result
 
 SCRIPT = Path(__file__).resolve()

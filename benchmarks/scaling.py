@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _perf
 from _common import RESULTS, git_rev, machine, write_result
 

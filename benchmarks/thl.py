@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from mutualrl.thl import align_encodings_batch, encode_batch, pair_report, project_batch
 from mutualrl.thl.retokenize import backend_of

@@ -25,7 +25,12 @@ def _bench() -> Any:
         assert spec and spec.loader
         mod = importlib.util.module_from_spec(spec)
         sys.modules["mutualrl_bench_faults"] = mod
-        spec.loader.exec_module(mod)
+        folder = str(ROOT / "benchmarks")
+        sys.path.insert(0, folder)  # as `python benchmarks/faults.py` has it: its helpers (_hostile) import by name
+        try:
+            spec.loader.exec_module(mod)
+        finally:
+            sys.path.remove(folder)
     return mod
 
 
