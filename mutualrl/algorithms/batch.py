@@ -34,6 +34,9 @@ class TrainRow:
     peer_chunks: list[tuple[int, int, float]] | None = None
     """Peer rows: (first learner token, end learner token, peer log-prob sum) per THL chunk."""
     weight: float = 1.0
+    token_advantages: list[float] | None = None
+    """A dense, per-token advantage (one per completion token) that the policy-gradient terms add to
+    ``advantage`` (a step's token-level signal, e.g. ``distill``'s peer scores); None: none."""
 
 
 @dataclass

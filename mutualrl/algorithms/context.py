@@ -15,11 +15,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mutualrl.experience import GroupOutcome, Rollout, VerifiedSuccess
+from mutualrl.rollout.modeling import format_prompt
 from mutualrl.tasks.base import SUCCESS_THRESHOLD, Problem
 from mutualrl.thl.peer import PeerTrace
 
@@ -39,6 +40,8 @@ class OwnGroup:
     scores: list[float]
     texts: list[str] = field(default_factory=list)
     """The decoded completions (what peers receive)."""
+    record_ids: list[str] = field(default_factory=list)
+    """The ids of the completions' published rollout records (what a peer's score names)."""
 
     @property
     def informative(self) -> bool:
@@ -149,12 +152,33 @@ class ShareContext:
 
 
 @dataclass(frozen=True)
+class PeerView:
+    """What a learner knows of one peer policy: enough to read its rollouts in the peer's terms."""
+
+    name: str
+    tokenizer: Any
+    tokenizer_id: str
+    stop_ids: frozenset[int]
+    prompt_template: str
+    system_prompt: str | None
+
+    def format_prompt(self, question: str) -> str:
+        """The peer's prompt text for ``question``."""
+        return format_prompt(self.prompt_template, self.system_prompt, self.tokenizer, question)
+
+
+ScoreTextsFn = Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]]], list[list[float]]]
+"""(prompt ids, completion ids) -> the policy's per-token log-probs of each completion (no gradient)."""
+
+
+@dataclass(frozen=True)
 class StepSource:
-    """What a step's ``gather`` hook may ask for at step ``step`` (the worker fills it in)."""
+    """What a step's ``gather`` (before its batch) and ``serve`` (for its peers, between the
+    rollouts and the updates) hooks may ask for at step ``step``; the worker fills it in."""
 
     step: int
     learner: str
-    """The learner's policy name (its own records carry it as ``source_policy``)."""
+    """This policy's name (its own records carry it as ``source_policy``)."""
     peer_names: frozenset[str]
     """The run's other policies: rows under any other name are not a peer's."""
     problems: Callable[[int], list[Problem]]
@@ -162,4 +186,12 @@ class StepSource:
     query: Callable[..., list[Any]]
     """The exchange's query: ``query(prompt_ids, kinds=[...], min_version=..., exclude_source=...)``."""
     encode_prompt: Callable[[str], list[int]]
-    """The learner's prompt ids of a question (its template and system prompt)."""
+    """This policy's prompt ids of a question (its template and system prompt)."""
+    peers: Mapping[str, PeerView] = field(default_factory=dict)
+    """The other policies' tokenizers and prompt formats, by name."""
+    me: PeerView | None = None
+    """This policy as its peers see it (its tokenizer, stop ids, prompt format)."""
+    score_texts: ScoreTextsFn | None = None
+    """One forward of this policy's model over completions (a scoring phase)."""
+    parameters: int = 0
+    """This policy's parameter count (the FLOPs a forward token costs: twice that)."""

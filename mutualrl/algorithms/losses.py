@@ -53,6 +53,13 @@ class TermInputs:
     token_weight: torch.Tensor | None = None
     """A per-token coefficient without gradient: the kind's importance weights (off-policy rows) or
     the sampler/trainer mismatch correction (own rows)."""
+    token_advantages: torch.Tensor | None = None
+    """Dense per-token advantages ``[B, C]`` added to :attr:`advantages` (zero on padding; None: none)."""
+
+    def advantage(self) -> torch.Tensor:
+        """The per-token advantage ``[B, C]`` (or ``[B, 1]``): the row's plus its dense part."""
+        adv = self.advantages.unsqueeze(1)
+        return adv if self.token_advantages is None else adv + self.token_advantages
 
 
 TermFn = Callable[[TermInputs], tuple[torch.Tensor, dict[str, float]]]
@@ -150,7 +157,7 @@ def clipped_surrogate(x: TermInputs) -> tuple[torch.Tensor, dict[str, float]]:
         raise ValueError("clipped_surrogate needs the PPO reference log-probs (old_logp)")
     o = x.options
     eps_hi = o.epsilon if o.epsilon_high is None else o.epsilon_high
-    adv = x.advantages.unsqueeze(1)
+    adv = x.advantage()
     ratio = torch.exp(x.logp - x.old_logp)
     per_token = -torch.min(ratio * adv, torch.clamp(ratio, 1.0 - o.epsilon, 1.0 + eps_hi) * adv)
     kl = _kl(x)
@@ -174,7 +181,7 @@ def off_policy_pg(x: TermInputs) -> tuple[torch.Tensor, dict[str, float]]:
     whose gradient is ``w A grad logp`` with ``w`` the kind's truncated importance weight (no clip),
     plus ``beta`` x k3 KL; scaled by the row weight."""
     w = x.token_weight if x.token_weight is not None else torch.ones_like(x.logp)
-    per_token = -(w * torch.exp(x.logp - x.logp.detach()) * x.advantages.unsqueeze(1))
+    per_token = -(w * torch.exp(x.logp - x.logp.detach()) * x.advantage())
     kl = _kl(x)
     if kl is not None:
         per_token = per_token + x.options.beta * kl

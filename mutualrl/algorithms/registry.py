@@ -18,7 +18,10 @@ rest of mutualrl needs to know of it, so nothing outside the step's module names
   resource plan prices them);
 - ``gather``: a hook that fetches what the step needs beyond the step's own groups and peer rows
   (a replay of earlier steps, peers' scores) through the worker's
-  :class:`~mutualrl.algorithms.context.StepSource`; the step reads it from ``ctx.gathered``.
+  :class:`~mutualrl.algorithms.context.StepSource`; the step reads it from ``ctx.gathered``;
+- ``serve``: work a step does for its peers in a phase of its own, after every policy's rollouts
+  and before the updates (``distill``: score the peers' samples with this policy's model); it
+  returns records to publish and its metrics.
 """
 
 from __future__ import annotations
@@ -102,6 +105,10 @@ GatherFn = Callable[[Any, Any], Any]
 """``gather(source, settings)``: what a step fetches before the batch is built (``source`` a
 :class:`~mutualrl.algorithms.context.StepSource`); None when it needs nothing this step."""
 
+ServeFn = Callable[[Any, Any], "tuple[list[Any], dict[str, float]]"]
+"""``serve(source, settings)``: the records a step publishes for its peers between the rollouts and
+the updates, and its metrics (``scored_tokens``: forward tokens, priced as scoring FLOPs)."""
+
 StrategyFn = Callable[..., None]
 """``fn(ctx, batch)``, or ``fn(ctx, batch, settings)`` for a step that declares ``settings``."""
 
@@ -122,6 +129,7 @@ class StrategyStep:
     description: str = ""
     peer_rollouts: Callable[[Any], int] | None = None
     gather: GatherFn | None = None
+    serve: ServeFn | None = None
 
     def run(self, ctx: Any, batch: Any, settings: Any) -> None:
         """Apply the step (with its settings when it declares any)."""
@@ -154,7 +162,8 @@ def register_strategy(name: str, *, settings: type | None = None, rows: Mapping[
                       reads: Sequence[str] = (), needs: Sequence[str] = (), provides: Sequence[str] = (),
                       breaks: Sequence[str] = (), conflicts: Sequence[str] = (), description: str = "",
                       peer_rollouts: Callable[[Any], int] | None = None,
-                      gather: GatherFn | None = None) -> Callable[[StrategyFn], StrategyFn]:
+                      gather: GatherFn | None = None,
+                      serve: ServeFn | None = None) -> Callable[[StrategyFn], StrategyFn]:
     """Register a strategy step under ``name`` (usable in ``sharing.strategy``, chained with '+').
 
     ``settings`` is a dataclass (fields made with :func:`mutualrl.config.schema.bounded`) read from the
@@ -162,7 +171,9 @@ def register_strategy(name: str, *, settings: type | None = None, rows: Mapping[
     ``rows`` maps each row kind the step adds to its :class:`RowKind` (a kind belongs to one step).
     ``gather(source, settings)``, when given, runs before the batch is built and fetches what the
     step needs from the exchange (through a :class:`~mutualrl.algorithms.context.StepSource`); the
-    step finds it in ``ctx.gathered[name]``.
+    step finds it in ``ctx.gathered[name]``. ``serve(source, settings)``, when given, runs on every
+    policy after all the step's rollouts and before the updates (a phase of the step) and returns
+    the records it publishes for its peers and its metrics.
     A name can be registered once; a second registration raises ``ValueError``.
     """
     if not _NAME.match(name):
@@ -185,7 +196,8 @@ def register_strategy(name: str, *, settings: type | None = None, rows: Mapping[
                              "choose another name")
         _REGISTRY[name] = StrategyStep(name, fn, settings, rows, frozenset(reads), frozenset(needs),
                                        frozenset(provides), frozenset(breaks), frozenset(conflicts),
-                                       description or _first_sentence(fn.__doc__), peer_rollouts, gather)
+                                       description or _first_sentence(fn.__doc__), peer_rollouts, gather,
+                                       serve)
         for kind in rows:
             _KIND_OWNER[kind] = name
         return fn
@@ -244,6 +256,11 @@ class Strategy:
     @property
     def shares(self) -> bool:
         return bool(self.steps)
+
+    @property
+    def serves(self) -> bool:
+        """Some step works for its peers between the rollouts and the updates (a ``serve`` phase)."""
+        return any(s.serve is not None for s in self.steps)
 
     @property
     def all_steps(self) -> tuple[StrategyStep, ...]:

@@ -56,8 +56,25 @@ if TYPE_CHECKING:
 __all__ = ["BASE", "OWN", "AlignFn", "BoundKind", "EncodeFn", "OwnGroup", "PeerRows", "RowKind", "ScoreFn",
            "ShareContext", "StepSource", "Strategy", "StrategyError", "StrategyStep", "TrainBatch", "TrainRow",
            "available_strategies", "build_batch", "check_strategy_name", "fair_order", "gather_context",
-           "own_rows_by_prompt", "own_success_row", "parse_strategy", "pool_with_peers", "register_strategy",
+           "own_rows_by_prompt", "own_success_row", "parse_strategy", "pool_with_peers", "register_strategy", "serve_peers",
            "trained_tokens", "trains", "verified_successes"]
+
+
+def serve_peers(strategy: str | Strategy, source: StepSource, sharing: Any = None
+                ) -> tuple[list[Any], dict[str, float]]:
+    """Run each ``serve`` hook of ``strategy`` (the work for the peers between the rollouts and the
+    updates): the records to publish and the metrics, summed over the steps."""
+    strat = parse_strategy(strategy)
+    settings = strat.settings(sharing)
+    records: list[Any] = []
+    metrics: dict[str, float] = {}
+    for step in strat.steps:
+        if step.serve is not None:
+            rows, m = step.serve(source, settings.get(step.name))
+            records += rows
+            for k, v in m.items():
+                metrics[k] = metrics.get(k, 0.0) + v
+    return records, metrics
 
 
 def gather_context(strategy: str | Strategy, source: StepSource, sharing: Any = None) -> dict[str, Any]:
@@ -107,10 +124,10 @@ def build_batch(strategy: str | Strategy, ctx: ShareContext, sharing: Any = None
 
 
 def trains(row: TrainRow, batch: TrainBatch, options: GRPOOptions) -> bool:
-    """Whether ``row`` will train: a policy-gradient row of zero advantage is left out under
-    ``dynamic_sampling`` (its group had no reward variance); every other row trains."""
+    """Whether ``row`` will train: a policy-gradient row of zero advantage (and no token-level one) is
+    left out under ``dynamic_sampling`` (its group had no reward variance); every other row trains."""
     return (options.dynamic_sampling == "off" or batch.kinds[row.kind].term.reduction != "policy_gradient"
-            or abs(row.advantage) > 1e-12)
+            or abs(row.advantage) > 1e-12 or any(abs(a) > 1e-12 for a in row.token_advantages or ()))
 
 
 def trained_tokens(batch: TrainBatch, options: GRPOOptions) -> int:

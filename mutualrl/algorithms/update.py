@@ -34,6 +34,7 @@ from mutualrl.algorithms.losses import TermInputs, reduce
 from mutualrl.algorithms.micro_batch import MicroBatch, StatMerger, split_micro_batches
 from mutualrl.algorithms.registry import BASE, OWN, POLICY_PHASE, BoundKind, parse_strategy
 from mutualrl.allocation.memory import SavedBytes
+from mutualrl.config import GRPOOptions
 from mutualrl.rollout.policy import Policy
 from mutualrl.rollout.token_tensors import pack_right, right_mask
 from mutualrl.run.distributed import RankGroup
@@ -74,6 +75,9 @@ class _Part:
         self.mask = right_mask([len(r.completion_ids) for r in rows], width).to(device)
         self.advantages = torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=device)
         self.row_weight = torch.tensor([r.weight for r in rows], dtype=torch.float32, device=device)
+        dense = any(r.token_advantages for r in rows)
+        self.token_advantages = pack_right([r.token_advantages or [0.0] * len(r.completion_ids) for r in rows],
+                                           width).to(device) if dense else None
         on_policy = all(r.old_logprobs is not None for r in rows)
         self.behavior = pack_right([r.old_logprobs for r in rows], width).to(device) if on_policy else None  # type: ignore[misc]
         self.old: torch.Tensor | None = None
@@ -178,7 +182,7 @@ def _slot_loss(policy: Policy, slot: _Slot, it: int, counts: BatchCounts, is_cap
         term = p.kind.term
         per_token, t_stats = term.fn(TermInputs(logp, p.mask, p.advantages, p.row_weight, opts, old_logp=p.old,
                                                 ref_logp=p.ref, token_weight=weights if weights is not None
-                                                else p.correction))
+                                                else p.correction, token_advantages=p.token_advantages))
         share = reduce(per_token, p.mask, term.reduction, counts, opts)
         total = total + share
         if term.reduction == "policy_gradient":
@@ -300,3 +304,17 @@ def train_on_batch(policy: Policy, batch: TrainBatch, *, is_cap: float | None = 
         stats.update(out)
     stats["optimizer_steps"] = total_steps
     return stats
+
+
+def update_flops(batch: TrainBatch, params: int, options: GRPOOptions) -> float:
+    """The update's FLOPs, the usual dense estimate: 6 x parameters per token of a forward and backward
+    (prompt and completion of every row), ``num_iterations`` times for the rows of the policy's
+    phase and once for a kind with an optimizer step of its own, plus 2 x parameters per token of
+    the frozen reference's forward when ``beta`` > 0 (what a compute-matched control is matched on)."""
+    kinds = batch.kinds or parse_strategy(BASE).kinds()
+    total = 0.0
+    for r in batch.rows:
+        tokens = len(r.prompt_ids) + len(r.completion_ids)
+        passes = options.num_iterations if kinds[r.kind].phase == POLICY_PHASE else 1
+        total += 6.0 * params * tokens * passes + (2.0 * params * tokens if options.beta > 0 else 0.0)
+    return total

@@ -46,7 +46,8 @@ class AdaptivePlan:
             if threads is not None:
                 self.allocation = _with_threads(self.allocation, threads)
         self.history: list[dict[str, Any]] = [{"step": None, "reason": "initial", **self.allocation.to_dict()}]
-        self._rollouts: dict[int, dict[str, Any]] = {}
+        self._rollouts: dict[int, Any] = {}
+        self._served: dict[int, Any] = {}
         self._last_replan_step = -10**9
 
     def calibrate_first(self, steps: int, *, in_workers: bool = True) -> None:
@@ -83,15 +84,23 @@ class AdaptivePlan:
             return
         if method == "rollout":
             self._rollouts[index] = (result, cpu_s)
+        elif method == "serve":  # the scoring phase is priced with the update (a forward on the same worker)
+            self._served[index] = (result, cpu_s)
         elif method == "update":
             roll, roll_cpu = self._rollouts.pop(index, (None, None))
+            served, serve_cpu = self._served.pop(index, (None, None))
+            if served:
+                result = {**result, "scored_tokens": served.get("scored_tokens", 0.0),
+                          **{k: result[k] + served.get("serve_s", 0.0) for k in ("update_s", "train_s") if k in result}}
+                cpu_s = cpu_s + serve_cpu if cpu_s is not None and serve_cpu is not None else cpu_s
             pl = self.allocation.placements[index]
             w = max(1, pl.ranks)  # merged ranks: counts and CPU summed, wall times the slowest rank's
             self.costs.observe(index, roll, result, pl.cpu_share / w, rollout_cpu_s=roll_cpu, update_cpu_s=cpu_s,
                                rank_times=w)
 
     def maybe_replan(self, step: int | None) -> Allocation | None:
-        """A better allocation when calibration shows imbalance above the threshold, else ``None``."""
+        """A better allocation when calibration shows imbalance above the threshold, else ``None``
+        (recorded in the history, not printed)."""
         if self.fixed or self.costs.measurements < self.calibrate_steps:
             return None
         if step is not None and step - self._last_replan_step < self.calibrate_steps:
@@ -104,8 +113,7 @@ class AdaptivePlan:
         self._last_replan_step = step if step is not None else 0
         self.allocation = new
         self.history.append({"step": step, "reason": "calibrated imbalance", "time": time.time(), **new.to_dict()})
-        self.say(f"MWRA re-plan after step {step}:\n{new.describe()}")
-        return new
+        return new  # the caller reports it (run_placement.PlanConsole: one line, the table under --verbose)
 
     def say(self, text: str) -> None:
         if self.verbose:

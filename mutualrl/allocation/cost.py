@@ -49,10 +49,13 @@ class PhaseCost:
 
     rollout_flops: float
     update_flops: float
+    score_flops: float = 0.0
+    """The scoring phase (a strategy's ``serve``: one forward over the peers' samples), priced with
+    the update, on the same worker."""
 
     @property
     def total_flops(self) -> float:
-        return self.rollout_flops + self.update_flops
+        return self.rollout_flops + self.update_flops + self.score_flops
 
 
 def rollout_flops(params: int, prompts: int, generations: int, prompt_tokens: float,
@@ -82,7 +85,11 @@ def predict_step(cfg: RunConfig, index: int, params: int, prompt_tokens: float =
         n_seq += cfg.prompts_per_step * min(peer, g.num_generations * (k - 1))
     roll = rollout_flops(params, cfg.prompts_per_step, g.num_generations, prompt_tokens, g.max_completion_length)
     upd = update_flops(params, n_seq, prompt_tokens + g.max_completion_length, g.num_iterations, g.beta)
-    return PhaseCost(roll, upd)
+    score = 0.0
+    if parse_strategy(cfg.sharing.strategy).serves:  # one forward of this model over every peer's samples
+        score = sum(2.0 * params * cfg.prompts_per_step * cfg.policy_grpo(j).num_generations
+                    * (prompt_tokens + cfg.policy_grpo(j).max_completion_length) for j in range(k) if j != index)
+    return PhaseCost(roll, upd, score)
 
 
 @dataclass
@@ -169,7 +176,7 @@ class CostModel:
         """
         c = self.flops(index)
         k = self._kappa[index].value
-        return c.rollout_flops * self._roll[index].value * k, c.update_flops * self._upd[index].value * k
+        return c.rollout_flops * self._roll[index].value * k, (c.update_flops + c.score_flops) * self._upd[index].value * k
 
     def seconds(self, index: int, cores: float) -> tuple[float, float]:
         """Predicted (rollout, update) busy time with a share of ``cores`` cores (Amdahl)."""
@@ -260,11 +267,12 @@ class CostModel:
                     fl = update_flops(p, n_rows, self.prompt_tokens + float(toks) / n_rows, g.num_iterations, g.beta)
                 else:
                     fl = self.flops(index).update_flops
+                fl += 2.0 * p * float(update.get("scored_tokens") or 0.0)  # the scoring phase, folded in
                 self._upd[index].update(secs / scale / max(fl, 1.0), self.alpha)
         wall = (_first(rollout or {}, "rollout_s") or 0.0) + (_first(update or {}, "update_s") or 0.0)
         if wall > 0 and rollout_cpu_s and update_cpu_s:
             c = self.flops(index)
-            work = c.rollout_flops * self._roll[index].value + c.update_flops * self._upd[index].value
+            work = c.rollout_flops * self._roll[index].value + (c.update_flops + c.score_flops) * self._upd[index].value
             self._kappa[index].update(wall / max(work * self.scale(cores), 1e-12), self.alpha)
 
     def _fold_allreduce(self, index: int, update: dict[str, Any], cpu_s: float | None,
@@ -293,7 +301,7 @@ class CostModel:
             c = self.flops(i)
             r, u = self.core_seconds(i)
             out.append({"policy": pol.name, "params": self.effective_params(i),
-                        "rollout_flops": c.rollout_flops, "update_flops": c.update_flops,
+                        "rollout_flops": c.rollout_flops, "update_flops": c.update_flops, "score_flops": c.score_flops,
                         "rollout_core_s": r, "update_core_s": u,
                         "rollout_s_per_flop": self._roll[i].value, "update_s_per_flop": self._upd[i].value,
                         "scaling_correction": self._kappa[i].value,

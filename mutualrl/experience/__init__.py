@@ -1,10 +1,11 @@
 """Typed experience records shared through SEE, their wire format and their validation.
 
-Three record kinds, one per sharing level:
+Four record kinds, one per sharing level:
 
 * :class:`Rollout` (data): a completion with its token trace, behavior log-probs and reward.
 * :class:`GroupOutcome` (value): the rewards of one policy's group for a prompt, with mean/std.
 * :class:`VerifiedSuccess` (outcome): a completion that a verifier accepted.
+* :class:`PeerScore` (signal): a peer's chunk-level log-probs of another policy's completion.
 
 Every record is a frozen dataclass with a ``kind``, a ``SCHEMA_VERSION`` and a content-derived
 ``record_id`` (sha256 over the canonical JSON of its content fields, with the numeric lists
@@ -26,6 +27,7 @@ from mutualrl.experience.records import (
     RECORD_TYPES,
     SCHEMA_VERSION,
     GroupOutcome,
+    PeerScore,
     Record,
     Rollout,
     StoredRow,
@@ -40,6 +42,6 @@ from mutualrl.experience.validate import validate
 
 __all__ = [
     "DEFAULT_LIMITS", "KINDS", "REASONS", "RECORD_TYPES", "SCHEMA_VERSION", "ExperienceLimits", "GroupOutcome",
-    "InvalidExperience", "Record", "Rollout", "StoredRow", "VerifiedSuccess", "from_dict", "from_row", "pack_array",
+    "InvalidExperience", "PeerScore", "Record", "Rollout", "StoredRow", "VerifiedSuccess", "from_dict", "from_row", "pack_array",
     "parse", "parse_row", "to_row", "unpack_array", "validate",
 ]

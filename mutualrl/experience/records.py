@@ -263,11 +263,41 @@ class VerifiedSuccess(_RecordBase):
     created_at: float = field(default_factory=time.time, compare=False)
 
 
-Record = Rollout | GroupOutcome | VerifiedSuccess
-RECORD_TYPES: dict[str, type[Rollout | GroupOutcome | VerifiedSuccess]] = {
+@dataclass(frozen=True)
+class PeerScore(_RecordBase):
+    """A peer's log-probabilities of another policy's completion, chunk by chunk (dense signal).
+
+    ``source_policy`` (the scorer) re-encoded another policy's completion (the rollout record
+    ``rollout_id``, of step ``version``, ``sample_index`` in its group) with its own tokenizer,
+    after its own prompt, and ran one forward of its own model over it. The text is cut into the
+    THL chunks of the two tokenizations (:func:`mutualrl.thl.scores.score_chunks`):
+    ``chunk_ends[k]`` is chunk ``k``'s end as a character offset into the completion (strictly
+    increasing, the last one the text's length) and ``chunk_logprobs[k]`` the scorer's log-prob
+    sum over its tokens of that chunk. ``stopped``: the completion ended on a stop token, whose
+    counterpart (the scorer's EOS) has log-prob ``stop_logprob`` (0 when not stopped). The
+    learner recomputes the chunking itself and refuses a score whose chunks differ.
+    """
+
+    kind: ClassVar[str] = "peer_score"
+    prompt_id: str
+    source_policy: str
+    source_tokenizer: str
+    rollout_id: str
+    chunk_ends: tuple[int, ...]
+    chunk_logprobs: tuple[float, ...]
+    stopped: int
+    stop_logprob: float
+    version: int
+    sample_index: int = 0
+    created_at: float = field(default_factory=time.time, compare=False)
+
+
+Record = Rollout | GroupOutcome | VerifiedSuccess | PeerScore
+RECORD_TYPES: dict[str, type[Rollout | GroupOutcome | VerifiedSuccess | PeerScore]] = {
     "rollout": Rollout,
     "group_outcome": GroupOutcome,
     "verified_success": VerifiedSuccess,
+    "peer_score": PeerScore,
 }
 KINDS: tuple[str, ...] = tuple(RECORD_TYPES)
 

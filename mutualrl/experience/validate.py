@@ -12,7 +12,7 @@ from mutualrl.experience.limits import (
     ExperienceLimits,
     InvalidExperience,
 )
-from mutualrl.experience.records import GroupOutcome, Record, Rollout, _mean_std
+from mutualrl.experience.records import GroupOutcome, PeerScore, Record, Rollout, _mean_std
 
 
 def _check_text(name: str, s: str, cap: int) -> None:
@@ -70,6 +70,8 @@ def _validate(record: Record, limits: ExperienceLimits) -> None:
         _validate_rollout(record, limits)
     elif isinstance(record, GroupOutcome):
         _validate_group(record, limits)
+    elif isinstance(record, PeerScore):
+        _validate_score(record, limits)
     else:
         _check_reward("score", record.score, limits)
 
@@ -115,3 +117,24 @@ def _validate_group(g: GroupOutcome, limits: ExperienceLimits) -> None:
         )
 
 
+
+
+def _validate_score(s: PeerScore, limits: ExperienceLimits) -> None:
+    if not 0 <= s.sample_index <= _MAX_INT64:
+        raise InvalidExperience("version_range", f"sample_index={s.sample_index} is outside [0, 2**63)")
+    n = len(s.chunk_ends)
+    if n > limits.max_tokens:
+        raise InvalidExperience("too_large", f"{n} chunks (max {limits.max_tokens})")
+    if len(s.chunk_logprobs) != n:
+        raise InvalidExperience("length_mismatch", f"{n} chunk ends but {len(s.chunk_logprobs)} chunk log-probs")
+    if s.stopped not in (0, 1):
+        raise InvalidExperience("wrong_type", f"stopped={s.stopped} is not 0 or 1")
+    values = [*s.chunk_logprobs, s.stop_logprob]
+    if not math.isfinite(math.fsum(values)) or not all(math.isfinite(v) for v in values):
+        raise InvalidExperience("non_finite", "a chunk log-prob is NaN, infinite or overflows")
+    if max(values) > _LOGPROB_TOLERANCE:
+        raise InvalidExperience("logprob_range", f"a chunk log-prob is positive ({max(values)})")
+    if n and (s.chunk_ends[0] <= 0 or s.chunk_ends[-1] > limits.max_text_chars
+              or any(b <= a for a, b in zip(s.chunk_ends, s.chunk_ends[1:]))):
+        raise InvalidExperience("inconsistent", "chunk ends must be positive character offsets, strictly "
+                                f"increasing, at most {limits.max_text_chars}")

@@ -12,6 +12,11 @@ barriers (nobody starts one before everyone reached it), so checkpoints stay exa
 A lane's states (:class:`Phase`)::
 
     IDLE --start--> ROLLOUT --rolled out--> WAIT --peers rolled out--> UPDATE --updated--> IDLE (next step)
+
+A strategy that serves its peers (``distill``'s scores) adds a phase between: once every peer has
+rolled out the step, a lane serves (SERVE), then waits until every peer has served it (SERVED)::
+
+    WAIT --peers rolled out--> SERVE --served--> SERVED --peers served--> UPDATE
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ class Phase(Enum):
     """Its rollout is submitted."""
     WAIT = "wait"
     """Rolled out; its update waits for every peer's rollouts of the same step (when sharing)."""
+    SERVE = "serve"
+    """Its work for the peers (scoring their samples) is submitted."""
+    SERVED = "served"
+    """Served; its update waits for every peer's service of the same step."""
     UPDATE = "update"
     """Its update is submitted."""
 
@@ -62,7 +71,7 @@ class Lane:
     @property
     def busy(self) -> bool:
         """A call of it is in flight."""
-        return self.phase in (Phase.ROLLOUT, Phase.UPDATE)
+        return self.phase in (Phase.ROLLOUT, Phase.SERVE, Phase.UPDATE)
 
 
 @dataclass
@@ -92,8 +101,12 @@ class AsyncLoop:
     observe: Callable[[int, str, Any], None]
     step_done: Callable[[int, list[Row]], None]
     evaluate: Callable[[int], None]
+    serves: bool = False
+    """Every lane serves its peers between its peers' rollouts and its update (the strategy serves)."""
     rolled: dict[int, set[int]] = field(default_factory=dict)
     """Per step not yet settled: the policies that have rolled it out."""
+    served: dict[int, set[int]] = field(default_factory=dict)
+    """Per step not yet settled: the policies that have served it."""
     finished: dict[int, dict[int, Row]] = field(default_factory=dict)
     """Per step not yet settled: the metric rows of the policies that finished it."""
 
@@ -105,7 +118,7 @@ class AsyncLoop:
         return cls(scheduler, cfg.steps, cfg.eval_every, cfg.checkpoint_every, cfg.sharing.max_staleness,
                    cfg.step_timeout_s, parse_strategy(cfg.sharing.strategy).shares,
                    [Lane(i, p.name, start_step) for i, p in enumerate(cfg.policies)], start_step,
-                   observe, step_done, evaluate)
+                   observe, step_done, evaluate, serves=parse_strategy(cfg.sharing.strategy).serves)
 
     # ------------------------------------------------------------------ driving
     def run(self) -> None:
@@ -121,6 +134,8 @@ class AsyncLoop:
             now = time.perf_counter()
             if lane.phase is Phase.ROLLOUT:
                 self._rolled_out(lane, result, now)
+            elif lane.phase is Phase.SERVE:
+                self._served(lane, result)
             else:
                 self._updated(lane, result, now)
                 self._settle()
@@ -155,12 +170,23 @@ class AsyncLoop:
         self._start_updates()
 
     def _start_updates(self) -> None:
-        """WAIT -> UPDATE where the update need not, or need no longer, wait for peers."""
+        """WAIT -> UPDATE (or SERVE, when the strategy serves) where the lane need not, or need no
+        longer, wait for its peers' rollouts; SERVED -> UPDATE once every peer has served the step."""
+        everyone = len(self.lanes)
         for lane in self.lanes:
-            if lane.phase is Phase.WAIT and (not self.wait_for_peers
-                                             or len(self.rolled.get(lane.done, ())) == len(self.lanes)):
+            if lane.phase is Phase.WAIT and (not self.wait_for_peers or len(self.rolled.get(lane.done, ())) == everyone):
+                lane.phase = Phase.SERVE if self.serves else Phase.UPDATE
+                self.scheduler.submit(lane.index, WorkerAPI.serve if self.serves else WorkerAPI.update, lane.done)
+            elif lane.phase is Phase.SERVED and len(self.served.get(lane.done, ())) == everyone:
                 lane.phase = Phase.UPDATE
                 self.scheduler.submit(lane.index, WorkerAPI.update, lane.done)
+
+    def _served(self, lane: Lane, result: Row) -> None:
+        """SERVE -> SERVED; its metrics join the step's row; then updates whose peers all served start."""
+        lane.rollout = {**lane.rollout, **result}
+        self.served.setdefault(lane.done, set()).add(lane.index)
+        lane.phase = Phase.SERVED
+        self._start_updates()
 
     def _updated(self, lane: Lane, result: Row, now: float) -> None:
         """UPDATE -> IDLE at the next step; the finished step's row waits for the step to settle."""
@@ -180,6 +206,7 @@ class AsyncLoop:
             self.step_done(s, [self.finished[s][j] for j in range(len(self.lanes))])
             del self.finished[s]
             self.rolled.pop(s, None)
+            self.served.pop(s, None)
             self.settled += 1
             self._evaluate_when_due()
 

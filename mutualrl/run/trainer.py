@@ -20,8 +20,16 @@ from typing import Any
 
 import yaml
 
+from mutualrl.algorithms.sharing import parse_strategy
 from mutualrl.allocation import Scheduler, WorkerFailed, make_scheduler
-from mutualrl.allocation.run_placement import RunPlacement, launch
+from mutualrl.allocation.run_placement import PlanConsole, RunPlacement, launch
+from mutualrl.config import RunConfig
+from mutualrl.config.resolve import RunPlan, resolve, run_config
+from mutualrl.errors import ConfigError, UserError
+from mutualrl.exchange.url import ExchangeURL
+from mutualrl.export.model import FINAL_DIR, Exported, export_run
+from mutualrl.paths import METRICS, POLICIES_INFO, RUN_CONFIG, SUMMARY
+from mutualrl.run.async_loop import AsyncLoop
 from mutualrl.run.checkpoint import (
     CHECKPOINTS,
     LATEST,
@@ -31,18 +39,11 @@ from mutualrl.run.checkpoint import (
     latest_checkpoint,
     read_state,
 )
-from mutualrl.config import RunConfig
-from mutualrl.errors import ConfigError, UserError
-from mutualrl.exchange.url import ExchangeURL
-from mutualrl.export.model import FINAL_DIR, Exported, export_run
-from mutualrl.paths import METRICS, POLICIES_INFO, RUN_CONFIG, SUMMARY
-from mutualrl.run.async_loop import AsyncLoop
 from mutualrl.run.progress import StepProgress
-from mutualrl.config.resolve import RunPlan, resolve, run_config
 from mutualrl.run.resume import check_resumable, record_resume
-from mutualrl.tasks.attach import attach
 from mutualrl.run.tracking import Tracker, open_trackers, scalars
 from mutualrl.run.worker_api import WorkerAPI, remote_name
+from mutualrl.tasks.attach import attach
 
 __all__ = ["CHECKPOINTS", "LATEST", "MutualTrainer", "latest_checkpoint"]
 
@@ -77,12 +78,17 @@ class MutualTrainer:
         calibrate: time this many real steps of each policy (the first a warm-up) before MWRA's first
             plan, instead of planning from the FLOP prior (``local``/``ray`` schedulers; loads every
             model once more in this process).
+        verbose: print MWRA's whole table at every re-plan (default: the first plan's table, then one
+            line per re-plan saying what changed).
+        console: a :class:`~mutualrl.allocation.run_placement.PlanConsole` shared with earlier runs of
+            this session (their plans' table is then not printed again); default: a new one, ``verbose``.
     """
 
     def __init__(self, config: RunPlan | RunConfig | dict | str | Path, run_dir: str | Path | None = None, *,
                  train_dataset: Any | None = None, eval_dataset: Any | None = None,
                  reward_funcs: Sequence[Callable[..., list[float]] | str] = (), resume: bool = False,
-                 scheduler: Scheduler | None = None, progress: bool = True, calibrate: int = 0) -> None:
+                 scheduler: Scheduler | None = None, progress: bool = True, calibrate: int = 0,
+                 verbose: bool = False, console: PlanConsole | None = None) -> None:
         if train_dataset is not None or eval_dataset is not None or reward_funcs:
             config = attach(config.config if isinstance(config, RunPlan) else config, train_dataset, eval_dataset,
                             reward_funcs)
@@ -93,6 +99,7 @@ class MutualTrainer:
         self.plan = resolve(config, read_data=self.run_dir is not None and not resume)
         self.cfg = self.plan.config
         self.progress = progress
+        self.console = console or PlanConsole(verbose)
         self.scheduler = scheduler or make_scheduler(self.cfg.scheduler, self.cfg.threads)
         if calibrate:
             self.scheduler.calibrate_steps = int(calibrate)
@@ -265,7 +272,7 @@ class MutualTrainer:
         if self.run_dir is not None and not self.resume:
             self._init_files()
         try:  # the one placement step: plan, place, start the workers of the placed plan
-            self.placement = launch(self.scheduler, self.plan, self.run_dir)
+            self.placement = launch(self.scheduler, self.plan, self.run_dir, self.console)
         except BaseException:
             self._undo_init_files()
             raise
@@ -336,20 +343,24 @@ class MutualTrainer:
             self.placement.observe(index, method, result)
 
     def _loop_sync(self, bar: Any) -> None:
-        """A barrier per phase: every policy rolls out, then every policy updates."""
+        """A barrier per phase: every policy rolls out, then (when the strategy serves its peers) every
+        policy serves, then every policy updates."""
         cfg = self.cfg
+        serves = parse_strategy(cfg.sharing.strategy).serves
         for step in range(self.start_step, cfg.steps):
             if step % cfg.eval_every == 0:
                 bar.set_eval(self.evaluate(step))
             t0 = time.perf_counter()
             roll = self._observed(WorkerAPI.rollout, self.scheduler.call(WorkerAPI.rollout, step))
             t1 = time.perf_counter()
+            served = self._observed(WorkerAPI.serve, self.scheduler.call(WorkerAPI.serve, step)) if serves \
+                else [{} for _ in cfg.policies]  # the strategy's work for the peers (scores), a phase of its own
             upd = self._observed(WorkerAPI.update, self.scheduler.call(WorkerAPI.update, step))
             t2 = time.perf_counter()
             if self.placement is not None:
                 self.placement.after_update(step)
-            rows = [{"step": step, "policy": p.name, **r, **u, "step_rollout_s": t1 - t0, "step_update_s": t2 - t1,
-                     "step_s": t2 - t0} for p, r, u in zip(cfg.policies, roll, upd, strict=True)]
+            rows = [{"step": step, "policy": p.name, **r, **s, **u, "step_rollout_s": t1 - t0, "step_update_s": t2 - t1,
+                     "step_s": t2 - t0} for p, r, s, u in zip(cfg.policies, roll, served, upd, strict=True)]
             self._step_done(step, rows, bar)
 
     def _loop_async(self, bar: Any) -> None:

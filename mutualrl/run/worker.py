@@ -19,13 +19,13 @@ import resource
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from mutualrl.algorithms.context import PeerView
 from mutualrl.algorithms.schedule import learning_rate_at
 from mutualrl.algorithms.sharing import (
     OwnGroup,
@@ -35,8 +35,9 @@ from mutualrl.algorithms.sharing import (
     build_batch,
     gather_context,
     parse_strategy,
+    serve_peers,
 )
-from mutualrl.algorithms.update import train_on_batch
+from mutualrl.algorithms.update import train_on_batch, update_flops
 from mutualrl.allocation.placement import place_in_process
 from mutualrl.config import RunConfig
 from mutualrl.config.modelref import resolve_model_path
@@ -45,7 +46,7 @@ from mutualrl.denormals import denormals_flushed
 from mutualrl.exchange import open_exchange
 from mutualrl.experience import ExperienceLimits, GroupOutcome, Rollout, VerifiedSuccess
 from mutualrl.heap import retain_freed_memory
-from mutualrl.rollout.modeling import format_prompt, model_stop_ids, tokenizer_fingerprint
+from mutualrl.rollout.modeling import model_stop_ids, tokenizer_fingerprint
 from mutualrl.rollout.policy import Policy
 from mutualrl.run.checkpoint import load_policy_state, save_policy_state
 from mutualrl.run.distributed import RankGroup
@@ -55,22 +56,6 @@ from mutualrl.run.worker_api import WorkerAPI
 from mutualrl.tasks.base import Problem
 from mutualrl.tasks.build import build_task, eval_problems
 from mutualrl.thl.peer import PeerTrace, peer_trace, represents
-
-
-@dataclass(frozen=True)
-class PeerView:
-    """What a learner knows of one peer policy: enough to read its rollouts in the peer's terms."""
-
-    name: str
-    tokenizer: Any
-    tokenizer_id: str
-    stop_ids: frozenset[int]
-    prompt_template: str
-    system_prompt: str | None
-
-    def format_prompt(self, question: str) -> str:
-        """The peer's prompt text for ``question``."""
-        return format_prompt(self.prompt_template, self.system_prompt, self.tokenizer, question)
 
 
 def _numerics(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -138,6 +123,7 @@ class PolicyWorker(WorkerAPI):
                                        known_prompt_ids=frozenset(self.task.known_ids()))
         self.exchange = exchange if exchange is not None else open_exchange(spec.exchange, limits=self.limits)
         self._groups: dict[int, list[OwnGroup]] = {}
+        self.params = self.policy.parameter_count()
         self.peer_names = frozenset(p.name for i, p in enumerate(cfg.policies) if i != index)
 
     # ------------------------------------------------------------------ setup helpers
@@ -225,6 +211,7 @@ class PolicyWorker(WorkerAPI):
                                                          strict=True)):
                 records.append(Rollout(p.id, p.question, text, self.name, self.policy.tokenizer_id,
                                        ids, lps, rw, step, j, now))
+                grp.record_ids.append(records[-1].record_id)
             records.append(GroupOutcome.from_rewards(p.id, self.name, grp.rewards, step, created_at=now))
             seen = set()
             for text, sc in zip(grp.texts, grp.scores, strict=True):
@@ -244,6 +231,7 @@ class PolicyWorker(WorkerAPI):
             "reward_mean": float(np.mean([r for grp in first for r in grp.rewards])),
             "train_acc": float(np.mean([self.task.is_success(sc) for sc in first_scores])),
             "gen_tokens": sum(len(s.completion_ids) for s in samples),
+            "flops_sampling": 2.0 * self.params * sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples),
             "rollout_s": time.perf_counter() - t0,
             "generate_s": t_gen,
             "publish_s": t_pub,
@@ -279,9 +267,43 @@ class PolicyWorker(WorkerAPI):
         return ids + [self.policy.tokenizer.eos_token_id]
 
     def _source(self, step: int) -> StepSource:
-        """What a strategy step's ``gather`` hook may ask for at ``step``."""
+        """What a strategy step's ``gather`` and ``serve`` hooks may ask for at ``step``."""
+        me = PeerView(self.name, self.policy.tokenizer, self.policy.tokenizer_id, frozenset(self.policy.eos_ids),
+                      self.pcfg.prompt_template, self.pcfg.system_prompt)
         return StepSource(step, self.name, self.peer_names, self.problems, self.exchange.query,
-                          self.policy.encode_prompt)
+                          self.policy.encode_prompt, self.peers, me, self._score_texts, self.params)
+
+    def _score_texts(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+                     ) -> list[list[float]]:
+        """This policy's per-token log-probs of ``completions`` after ``prompts`` (no gradient), in
+        batches of at most the update's micro-batch tokens."""
+        budget = self.policy.micro_batch_tokens or 1 << 62
+        out: list[list[float]] = []
+        self.policy.model.eval()
+        with torch.no_grad():
+            i = 0
+            while i < len(prompts):
+                j, tokens = i, 0
+                while j < len(prompts) and (j == i or tokens + len(prompts[j]) + len(completions[j]) <= budget):
+                    tokens += len(prompts[j]) + len(completions[j])
+                    j += 1
+                lp = self.policy.logprobs([list(p) for p in prompts[i:j]], [list(c) or [self.policy.pad_id]
+                                                                           for c in completions[i:j]])
+                out += [lp[k, lp.shape[1] - len(c):].tolist() if c else [] for k, c in enumerate(completions[i:j])]
+                i = j
+        return out
+
+    @_numerics
+    def serve(self, step: int) -> dict[str, float]:
+        """Work for the peers between the rollouts and the updates (the strategy's ``serve`` hooks:
+        ``distill`` scores the peers' samples) and publish it; the metrics (``flops_scoring``)."""
+        t0 = time.perf_counter()
+        records, m = serve_peers(self.strategy, self._source(step), self.settings)
+        pub = self.exchange.publish(records) if records else None
+        m["serve_s"] = time.perf_counter() - t0
+        m["serve_published"] = float(pub.accepted if pub is not None else 0)
+        m["flops_scoring"] = 2.0 * self.params * m.get("scored_tokens", 0.0)
+        return m
 
     @_numerics
     def update(self, step: int) -> dict[str, float]:
@@ -330,7 +352,8 @@ class PolicyWorker(WorkerAPI):
             m["cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.policy.device) / 2**20
         m.update({"update_s": time.perf_counter() - t0, "train_s": time.perf_counter() - t2,
                   "query_s": t_q, "share_s": t_share, "peer_rows_untrusted": untrusted_rows,
-                  "train_tokens": sum(len(r.completion_ids) for r in batch.rows)})
+                  "train_tokens": sum(len(r.completion_ids) for r in batch.rows),
+                  "flops_update": update_flops(batch, self.params, self.options)})
         return m
 
     @_numerics

@@ -21,6 +21,11 @@ class WorkerAPI(Protocol):
         """Sample the step's groups, score them and publish them to the exchange; the metrics."""
         ...
 
+    def serve(self, step: int) -> dict[str, float]:
+        """Work for the peers after every policy's rollouts of ``step`` and before the updates (the
+        strategy's ``serve`` hooks, e.g. ``distill``'s scores of the peers' samples); the metrics."""
+        ...
+
     def update(self, step: int) -> dict[str, float]:
         """Read the peers' rows, build the strategy's batch and train on it; the metrics."""
         ...
