@@ -73,9 +73,9 @@ def test_the_signal_is_the_chunk_level_reverse_kl_computed_by_hand():
 
 def test_a_score_whose_chunks_are_not_the_learners_is_refused():
     score = _teacher_score()
-    for bad in (dict(chunk_ends=(2, 3, 5, 8), chunk_logprobs=(-0.3, -0.05, -0.2, -8.1)),  # one chunk fewer
-                dict(chunk_ends=(1, 3, 5, 6, 8)), dict(stopped=0, stop_logprob=0.0),
-                dict(source_tokenizer="tok-other")):
+    for bad in ({"chunk_ends": (2, 3, 5, 8), "chunk_logprobs": (-0.3, -0.05, -0.2, -8.1)},  # one chunk fewer
+                {"chunk_ends": (1, 3, 5, 6, 8)}, {"stopped": 0, "stop_logprob": 0.0},
+                {"source_tokenizer": "tok-other"}):
         forged = PeerScore(**{**{f: getattr(score, f) for f in PeerScore.FIELD_NAMES}, **bad})
         assert chunk_signal(TEXT, SAMPLED, BEHAVIOR, forged, TEACHER, STUDENT, "", clip=1.0) is None
 
