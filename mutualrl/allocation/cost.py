@@ -229,7 +229,7 @@ class CostModel:
         if update is not None and rank_times > 1:
             update, update_cpu_s = self._fold_allreduce(index, update, update_cpu_s, rank_times)
         times = ("rollout_s", "generate_s", "update_s", "train_s")
-        counts = ("gen_tokens", "train_tokens", "prp_peer_samples")
+        counts = ("gen_tokens", "train_tokens", "prp_peer_samples", "scored_tokens")
         if shard > 1 or rank_times > 1:
             def whole(d: dict[str, Any] | None) -> dict[str, Any] | None:
                 if d is None:
@@ -247,33 +247,43 @@ class CostModel:
         scale = self.scale(cores)
         n_gen = self.cfg.prompts_per_step * g.num_generations
         if rollout:
-            secs = _first(rollout, "rollout_s", "generate_s")
-            if rollout_cpu_s is not None and rollout_cpu_s > 0:
-                secs, scale = rollout_cpu_s, 1.0
-            toks = rollout.get("gen_tokens")
-            if secs is not None and secs > 0:
-                gen = float(toks) / n_gen if toks else float(g.max_completion_length)
-                fl = rollout_flops(p, self.cfg.prompts_per_step, g.num_generations, self.prompt_tokens, gen)
-                self._roll[index].update(secs / scale / fl, self.alpha)
+            self._observe_rollout(index, rollout, rollout_cpu_s, scale, p, g, n_gen)
         if update:
-            secs = _first(update, "update_s", "train_s")
-            scale = self.scale(cores)
-            if update_cpu_s is not None and update_cpu_s > 0:
-                secs, scale = update_cpu_s, 1.0
-            toks = update.get("train_tokens")
-            if secs is not None and secs > 0:
-                if toks:
-                    n_rows = float(n_gen + (update.get("prp_peer_samples") or 0))
-                    fl = update_flops(p, n_rows, self.prompt_tokens + float(toks) / n_rows, g.num_iterations, g.beta)
-                else:
-                    fl = self.flops(index).update_flops
-                fl += 2.0 * p * float(update.get("scored_tokens") or 0.0)  # the scoring phase, folded in
-                self._upd[index].update(secs / scale / max(fl, 1.0), self.alpha)
+            self._observe_update(index, update, update_cpu_s, self.scale(cores), p, g, n_gen)
         wall = (_first(rollout or {}, "rollout_s") or 0.0) + (_first(update or {}, "update_s") or 0.0)
         if wall > 0 and rollout_cpu_s and update_cpu_s:
             c = self.flops(index)
             work = c.rollout_flops * self._roll[index].value + (c.update_flops + c.score_flops) * self._upd[index].value
             self._kappa[index].update(wall / max(work * self.scale(cores), 1e-12), self.alpha)
+
+    def _observe_rollout(self, index: int, rollout: dict[str, Any], cpu_s: float | None, scale: float, p: int,
+                         g: Any, n_gen: int) -> None:
+        """Fold a rollout's seconds per FLOP (its CPU time when measured, else Amdahl-scaled wall time)."""
+        secs = _first(rollout, "rollout_s", "generate_s")
+        if cpu_s is not None and cpu_s > 0:
+            secs, scale = cpu_s, 1.0
+        toks = rollout.get("gen_tokens")
+        if secs is not None and secs > 0:
+            gen = float(toks) / n_gen if toks else float(g.max_completion_length)
+            fl = rollout_flops(p, self.cfg.prompts_per_step, g.num_generations, self.prompt_tokens, gen)
+            self._roll[index].update(secs / scale / fl, self.alpha)
+
+    def _observe_update(self, index: int, update: dict[str, Any], cpu_s: float | None, scale: float, p: int,
+                        g: Any, n_gen: int) -> None:
+        """Fold an update's seconds per FLOP (a scoring phase's forward folded in, when there was one)."""
+        secs = _first(update, "update_s", "train_s")
+        if cpu_s is not None and cpu_s > 0:
+            secs, scale = cpu_s, 1.0
+        toks = update.get("train_tokens")
+        if secs is None or secs <= 0:
+            return
+        if toks:
+            n_rows = float(n_gen + (update.get("prp_peer_samples") or 0))
+            fl = update_flops(p, n_rows, self.prompt_tokens + float(toks) / n_rows, g.num_iterations, g.beta)
+        else:
+            fl = self.flops(index).update_flops
+        fl += 2.0 * p * float(update.get("scored_tokens") or 0.0)
+        self._upd[index].update(secs / scale / max(fl, 1.0), self.alpha)
 
     def _fold_allreduce(self, index: int, update: dict[str, Any], cpu_s: float | None,
                         ranks: int) -> tuple[dict[str, Any], float | None]:

@@ -179,6 +179,26 @@ class PolicyWorker(WorkerAPI):
                                    rewards[sl], scores[sl], [s.text for s in ss]))
         return groups, samples
 
+    def _records(self, groups: list[OwnGroup], step: int) -> list[Any]:
+        """The step's records to publish: every completion (its record id kept on its group), each
+        group's outcome, and each distinct verified success."""
+        records: list[Any] = []
+        now = time.time()
+        for grp in groups:
+            p = grp.problem
+            for j, (ids, lps, text, rw) in enumerate(zip(grp.completion_ids, grp.logprobs, grp.texts, grp.rewards,
+                                                         strict=True)):
+                records.append(Rollout(p.id, p.question, text, self.name, self.policy.tokenizer_id,
+                                       ids, lps, rw, step, j, now))
+                grp.record_ids.append(records[-1].record_id)
+            records.append(GroupOutcome.from_rewards(p.id, self.name, grp.rewards, step, created_at=now))
+            seen = set()
+            for text, sc in zip(grp.texts, grp.scores, strict=True):
+                if self.task.is_success(sc) and text not in seen:
+                    seen.add(text)
+                    records.append(VerifiedSuccess(p.id, text, self.name, f"{p.source}:verifier", sc, step, now))
+        return records
+
     @_numerics
     def rollout(self, step: int) -> dict[str, float]:
         """Sample the group for each of this step's prompts, score it and publish it.
@@ -203,21 +223,7 @@ class PolicyWorker(WorkerAPI):
                 groups += more
                 samples += more_samples
         t_gen = time.perf_counter() - t0
-        records: list[Any] = []
-        now = time.time()
-        for grp in groups:
-            p = grp.problem
-            for j, (ids, lps, text, rw) in enumerate(zip(grp.completion_ids, grp.logprobs, grp.texts, grp.rewards,
-                                                         strict=True)):
-                records.append(Rollout(p.id, p.question, text, self.name, self.policy.tokenizer_id,
-                                       ids, lps, rw, step, j, now))
-                grp.record_ids.append(records[-1].record_id)
-            records.append(GroupOutcome.from_rewards(p.id, self.name, grp.rewards, step, created_at=now))
-            seen = set()
-            for text, sc in zip(grp.texts, grp.scores, strict=True):
-                if self.task.is_success(sc) and text not in seen:
-                    seen.add(text)
-                    records.append(VerifiedSuccess(p.id, text, self.name, f"{p.source}:verifier", sc, step, now))
+        records = self._records(groups, step)
         self._groups[step] = groups
         fault_point("rollout")
         t1 = time.perf_counter()
