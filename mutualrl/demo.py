@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mutualrl.errors import UserError
 from mutualrl.config.modelref import ModelRef
+from mutualrl.errors import UserError
 
 DEMO_POLICIES = ["gpt2-add", "llama-sub"]
 DEMO_STEPS = 200
@@ -58,12 +58,14 @@ def demo_config(strategy: str, seed: int = 0, *, quick: bool = False, steps: int
 
 
 def run_demo(out: Path, *, quick: bool = False, arms: list[str] | None = None, seeds: list[int] | None = None,
-             steps: int | None = None, force: bool = False, progress: bool = True) -> Path:
-    """Run the demo into ``out``; return the report path."""
+             steps: int | None = None, force: bool = False, progress: bool = True, verbose: bool = False) -> Path:
+    """Run the demo into ``out``; return the report path. The first arm prints MWRA's plan as a table, later
+    plans (re-plans, the other arms' plans) one line each; ``verbose``: the whole table every time."""
     from mutualrl.algorithms.sharing import check_strategy_name
-    from mutualrl.study.report import write_report
+    from mutualrl.allocation.run_placement import PlanConsole
     from mutualrl.config.resolve import load_config
     from mutualrl.run.trainer import MutualTrainer
+    from mutualrl.study.report import write_report
     from mutualrl.zoo import build_zoo
 
     arms = arms or list(DEMO_ARMS)
@@ -85,12 +87,13 @@ def run_demo(out: Path, *, quick: bool = False, arms: list[str] | None = None, s
     print("[mutualrl demo] building / loading the policy zoo ...")
     build_zoo(DEMO_POLICIES, seed=0, progress=progress)
     run_dirs = []
+    console = PlanConsole(verbose)  # one for every arm: the plan's table is printed once
     for seed in seeds:
         for arm in arms:
             cfg = load_config(demo_config(arm, seed, quick=quick, steps=steps))
             run_dir = out / f"{arm}-seed{seed}"
             print(f"[mutualrl demo] arm {arm}, seed {seed} -> {run_dir}")
-            MutualTrainer(cfg, run_dir, progress=progress).train()
+            MutualTrainer(cfg, run_dir, progress=progress, console=console).train()
             run_dirs.append(run_dir)
     cfg0 = demo_config(arms[0], seeds[0], quick=quick, steps=steps)
     notes = [f"What ran: arms {', '.join(arms)}; seeds {', '.join(map(str, seeds))}; {cfg0['steps']} steps of "
