@@ -28,6 +28,7 @@ class _NoWorkers(Scheduler):
     name = "no-workers"
 
     def __init__(self) -> None:
+        self.exchange = "memory://console-test"
         self.realised: list[Any] = []
 
     def open(self, cfg, run_dir):
