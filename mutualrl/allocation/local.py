@@ -33,8 +33,8 @@ from mutualrl.allocation.gpu_memory import allocator_env
 from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
 from mutualrl.config import RunConfig
-from mutualrl.run.distributed import lagging_rank, serve_store
 from mutualrl.config.resolve import RunPlan
+from mutualrl.run.distributed import lagging_rank, serve_store
 from mutualrl.run.worker_api import WorkerAPI
 
 

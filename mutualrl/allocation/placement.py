@@ -24,8 +24,8 @@ from mutualrl.allocation.gpu_memory import memory_shares
 from mutualrl.allocation.memory_plan import PolicyMemory, plan_memory
 from mutualrl.allocation.planner import Allocation, Placement, Resources, plan_for
 from mutualrl.config import RunConfig
-from mutualrl.exchange.url import ExchangeURL
 from mutualrl.config.resolve import RunPlan, WorkerSpec
+from mutualrl.exchange.url import ExchangeURL
 
 BACKENDS: tuple[str, ...] = ("sequential", "local", "ray")
 

@@ -32,10 +32,10 @@ from mutualrl.allocation.gpu_memory import allocator_env
 from mutualrl.allocation.planner import Allocation, Resources
 from mutualrl.allocation.ranks import PendingReplies, RankLayout, merge_replies
 from mutualrl.config import RunConfig
-from mutualrl.run.distributed import lagging_rank, serve_store
+from mutualrl.config.resolve import RunPlan, WorkerSpec
 from mutualrl.errors import UserError
 from mutualrl.exchange import open_exchange
-from mutualrl.config.resolve import RunPlan, WorkerSpec
+from mutualrl.run.distributed import lagging_rank, serve_store
 from mutualrl.run.worker import PolicyWorker
 from mutualrl.run.worker_api import WorkerAPI, remote_name
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from mutualrl.config import parse_config
+from mutualrl.config.modelref import ModelRef, ModelRefError
 from mutualrl.errors import UserError
 from mutualrl.export.model import read_export_info
-from mutualrl.config.modelref import ModelRef, ModelRefError
 from mutualrl.paths import RUN_CONFIG
 from mutualrl.tasks.build import eval_problems
 

@@ -38,6 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from mutualrl import __version__
+from mutualrl.config.modelref import resolve_model_path
+from mutualrl.errors import UserError
+from mutualrl.export.hub import HubPushError, check_repo_ids, push_to_hub
+from mutualrl.export.modelcard import card_facts, render_card
+from mutualrl.paths import RUN_CONFIG
 from mutualrl.run.checkpoint import (
     CHECKPOINTS,
     FORMAT_VERSION,
@@ -50,11 +55,6 @@ from mutualrl.run.checkpoint import (
     publish_dir,
     step_of,
 )
-from mutualrl.errors import UserError
-from mutualrl.export.hub import HubPushError, check_repo_ids, push_to_hub
-from mutualrl.export.modelcard import card_facts, render_card
-from mutualrl.config.modelref import resolve_model_path
-from mutualrl.paths import RUN_CONFIG
 from mutualrl.run.quiet import quiet_transformers
 from mutualrl.thl.peer import stop_ids_of
 

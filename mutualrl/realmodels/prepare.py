@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from mutualrl.errors import UserError
 from mutualrl.paths import cache_root
-from mutualrl.run.quiet import quiet_transformers
 from mutualrl.realmodels.gguf import gguf_path
 from mutualrl.realmodels.specs import _FORMAT, MANIFEST, PRESETS, _spec
 from mutualrl.realmodels.staging import _complete, _staging
+from mutualrl.run.quiet import quiet_transformers
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

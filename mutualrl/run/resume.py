@@ -20,10 +20,10 @@ from typing import Any
 
 import yaml
 
-from mutualrl.run.checkpoint import atomic_write_text
 from mutualrl.config import RESUMABLE, RunConfig
 from mutualrl.errors import ConfigError
 from mutualrl.paths import RUN_CONFIG
+from mutualrl.run.checkpoint import atomic_write_text
 
 RESUMES = "resumes.json"
 """The run directory's record of accepted changes on resume (a JSON list, oldest first)."""
