@@ -229,9 +229,13 @@ def test_distill_is_mutual_on_the_zoo_specialists(tiny_config, sync):
                grpo={"num_generations": 4, "max_completion_length": 6},
                sharing={"strategy": "imitate+distill", "distill": {"min_successes": 1}})
     tr = MutualTrainer(cfg, None, progress=False)
-    tr.train()
+    summary = tr.train()
     rows = [r for r in tr.history if r.get("event") is None]
     assert len(rows) == 4
+    for name in ("g", "l"):  # the run's compute per policy, by phase, what a control is matched on
+        mine = summary["policies"][name]
+        assert mine["flops_scoring"] == sum(r["flops_scoring"] for r in rows if r["policy"] == name) > 0
+        assert mine["train_tokens"] > 0 and mine["flops_update"] > 0
     for r in rows:
         assert r["distill_scored"] > 0 and r["flops_scoring"] > 0
         assert r["flops_sampling"] > 0 and r["flops_update"] > 0

@@ -59,6 +59,10 @@ def _say_unreadable_gold(report: dict[str, int]) -> None:
                   f"left out (see policies.json)", file=sys.stderr)
 
 
+COMPUTE_TOTALS: tuple[str, ...] = ("train_tokens", "optimizer_steps", "flops_sampling", "flops_scoring", "flops_update")
+"""Per-policy totals a run's summary reports: what a compute-matched control is matched on."""
+
+
 class MutualTrainer:
     """Train K >= 1 policies together.
 
@@ -379,7 +383,8 @@ class MutualTrainer:
         run: its segments together, up to the checkpoint each resumed from), steps and
         per policy its initial, final and best held-out accuracy on each split evaluated
         (``val_acc_*`` with a validation split, ``test_acc_*``: with a validation split the test split
-        is read once, so its initial, final and best are the same figure)."""
+        is read once, so its initial, final and best are the same figure), and the compute it spent
+        (:data:`COMPUTE_TOTALS`, summed over the steps kept)."""
         evals = [r for r in self.history if r.get("event") == "eval"]
         out: dict[str, Any] = {"wall_s": wall_s, "steps": self.cfg.steps, "policies": {}}
         for p in self.cfg.policies:
@@ -388,6 +393,10 @@ class MutualTrainer:
                 ev = [r[key] for r in evals if r["policy"] == p.name and key in r]
                 if ev:
                     entry.update({f"{key}_initial": ev[0], f"{key}_final": ev[-1], f"{key}_best": max(ev)})
+            steps = [r for r in self.history if r.get("policy") == p.name and r.get("event") is None]
+            for key in COMPUTE_TOTALS:  # the compute a control is matched on: tokens and FLOPs by phase
+                if any(key in r for r in steps):
+                    entry[key] = float(sum(r.get(key, 0.0) for r in steps))
             if entry:
                 out["policies"][p.name] = entry
         if self.run_dir is not None:
