@@ -12,13 +12,13 @@ import torch
 
 pytest.importorskip("vllm")
 
+from _mismatch import sampler_mismatch
 from _stop import _Stop, _StopAfterStep2
 
 from mutualrl.config import GenerationConfig, GRPOOptions
 from mutualrl.rollout.engines import SamplingParams
 from mutualrl.rollout.engines.hf import HFEngine
 from mutualrl.rollout.policy import Policy
-from mutualrl.rollout.token_tensors import pack_right, right_mask
 from mutualrl.run.trainer import MutualTrainer
 
 QUESTIONS = ["Calculate 54 - 23.", "Calculate 1 + 2.", "Calculate 98 + 7."]
@@ -33,14 +33,6 @@ def vpolicy(tiny_models):
     pol.close()
 
 
-def _mismatch(pol, samples):
-    w = max(len(s.completion_ids) for s in samples)
-    with torch.no_grad():
-        lp = pol.logprobs([s.prompt_ids for s in samples], [s.completion_ids for s in samples])
-    old = pack_right([s.logprobs for s in samples], w)
-    mask = right_mask([len(s.completion_ids) for s in samples], w)
-    return float(((lp - old).abs() * mask).max())
-
 
 def test_samples_and_behavior_logprobs_are_valid(vpolicy):
     samples = vpolicy.generate(QUESTIONS, 4)
@@ -53,7 +45,7 @@ def test_samples_and_behavior_logprobs_are_valid(vpolicy):
         assert s.finished == (s.completion_ids[-1] == eos)  # stopped on EOS, or at max_completion_length
         assert s.finished or len(s.completion_ids) == 6
     # the log-probs vLLM returns are those of the tempered distribution the tokens were drawn from
-    assert _mismatch(vpolicy, samples) < 1e-4
+    assert sampler_mismatch(vpolicy, samples) < 1e-4
 
 
 def test_an_engine_leaves_the_process_thread_count_settable(vpolicy):
@@ -79,7 +71,7 @@ def test_after_a_sync_greedy_output_equals_the_hf_model(vpolicy):
     hf = HFEngine(vpolicy.model, vpolicy.eos_ids, vpolicy.pad_id, torch.Generator().manual_seed(0))
     want = hf.generate([vpolicy.encode_prompt(q) for q in QUESTIONS], 1, SamplingParams(6, greedy=True)).ids
     assert got == want
-    assert _mismatch(vpolicy, vpolicy.generate(QUESTIONS, 4)) < 1e-4  # and sampling follows the new weights
+    assert sampler_mismatch(vpolicy, vpolicy.generate(QUESTIONS, 4)) < 1e-4  # and sampling follows the new weights
 
 
 def _config(tiny_models, engine: str, steps: int, **over) -> dict:

@@ -22,9 +22,10 @@ import torch
 
 pytest.importorskip("vllm")
 
+from _mismatch import sampler_mismatch
+
 from mutualrl.config import GenerationConfig, GRPOOptions
 from mutualrl.rollout.policy import Policy
-from mutualrl.rollout.token_tensors import pack_right, right_mask
 
 BLOCK = 128
 """vLLM's KV block size on CPU (16 on a GPU): the prefix cache reuses whole blocks."""
@@ -41,15 +42,6 @@ def long_model(tiny_models, tmp_path_factory):
     return d
 
 
-def _mismatch(pol, samples) -> float:
-    """The largest |trainer log-prob - vLLM's behavior log-prob| over the sampled tokens."""
-    w = max(len(s.completion_ids) for s in samples)
-    with torch.no_grad():
-        lp = pol.logprobs([s.prompt_ids for s in samples], [s.completion_ids for s in samples])
-    old = pack_right([s.logprobs for s in samples], w)
-    mask = right_mask([len(s.completion_ids) for s in samples], w)
-    return float(((lp - old).abs() * mask).max())
-
 
 def test_a_long_prompt_sampled_again_after_a_sync_follows_the_new_weights(long_model):
     """Without the reset, the second sampling of the prompt continues from KV blocks cached with the
@@ -60,12 +52,12 @@ def test_a_long_prompt_sampled_again_after_a_sync_follows_the_new_weights(long_m
         question = " ".join(f"Calculate {i} + {i + 7}." for i in range(40))
         n_prompt = len(pol.encode_prompt(question))
         assert n_prompt > 2 * BLOCK + 8, n_prompt  # at least two whole blocks cached
-        assert _mismatch(pol, pol.generate([question], 4)) < 1e-4
+        assert sampler_mismatch(pol, pol.generate([question], 4)) < 1e-4
         with torch.no_grad():
             for p in pol.model.parameters():
                 p.add_(0.3 * torch.randn_like(p))
         pol.sync_engine()
-        assert _mismatch(pol, pol.generate([question], 4)) < 1e-4
+        assert sampler_mismatch(pol, pol.generate([question], 4)) < 1e-4
     finally:
         pol.close()
 
@@ -120,7 +112,7 @@ def test_a_lora_policy_samples_at_its_merged_weights_with_fused_projections(tiny
                 if "lora_B" in name:
                     p.add_(0.5 * torch.randn_like(p))
         pol.sync_engine()
-        assert _mismatch(pol, pol.generate(["Calculate 54 - 23.", "Calculate 1 + 2."], 4)) < 1e-4
+        assert sampler_mismatch(pol, pol.generate(["Calculate 54 - 23.", "Calculate 1 + 2."], 4)) < 1e-4
     finally:
         pol.close()
 
