@@ -119,8 +119,10 @@ def _direction(learner: Any, teacher: Any, problems: list[Any], samples: list[An
         with torch.no_grad():
             lp = teacher.logprobs([teacher.encode_prompt(prob.question)], [ids or [teacher.pad_id]])[0]
         lp = lp[lp.shape[0] - len(ids):].tolist() if ids else []
-        score = PeerScore(prob.id, teacher.name, teacher.tokenizer_id, "r", ch.char_ends, tuple(ch.sums(lp, "scorer")),
-                          int(ch.stopped), float(lp[-1]) if ch.stopped else 0.0, 0)
+        score = PeerScore(rollout_id="r", prompt_id=prob.id, version=0, sample_index=0, chunk_ends=ch.char_ends,
+                          chunk_logprobs=tuple(ch.sums(lp, "scorer")), stopped=int(ch.stopped),
+                          stop_logprob=float(lp[-1]) if ch.stopped else 0.0, source_policy=teacher.name,
+                          source_tokenizer=teacher.tokenizer_id)
         per_token = chunk_signal(text, s.completion_ids, s.logprobs, score, them, me, prob.question, CLIP)
         if per_token is None:
             stats["unscorable"] += 1

@@ -100,8 +100,9 @@ def test_hostile_score_rows_are_refused_with_a_reason(field, value, reason):
 def test_an_oversize_score_is_refused():
     score = _teacher_score()
     n = 40
-    big = PeerScore(score.prompt_id, "teacher", "tok-chars", score.rollout_id, tuple(range(1, n + 1)),
-                    (-0.1,) * n, 0, 0.0, 3)
+    big = PeerScore(rollout_id=score.rollout_id, prompt_id=score.prompt_id, version=3, sample_index=0,
+                    chunk_ends=tuple(range(1, n + 1)), chunk_logprobs=(-0.1,) * n, stopped=0, stop_logprob=0.0,
+                    source_policy="teacher", source_tokenizer="tok-chars")
     with pytest.raises(InvalidExperience) as exc:
         parse(big.to_json(), ExperienceLimits(max_tokens=32))
     assert exc.value.reason == "too_large"

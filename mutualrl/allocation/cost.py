@@ -92,6 +92,15 @@ def predict_step(cfg: RunConfig, index: int, params: int, prompt_tokens: float =
     return PhaseCost(roll, upd, score)
 
 
+def _core_seconds(metrics: dict[str, Any], keys: tuple[str, ...], cpu_s: float | None, scale: float) -> float | None:
+    """A phase's work in one core's seconds: its measured CPU time, else its wall time (the first of
+    ``keys`` present) over the Amdahl ``scale`` of the cores it had; None when there is neither."""
+    if cpu_s is not None and cpu_s > 0:
+        return cpu_s
+    secs = _first(metrics, *keys)
+    return secs / scale if secs is not None and secs > 0 else None
+
+
 @dataclass
 class _Ema:
     value: float
@@ -259,31 +268,27 @@ class CostModel:
     def _observe_rollout(self, index: int, rollout: dict[str, Any], cpu_s: float | None, scale: float, p: int,
                          g: Any, n_gen: int) -> None:
         """Fold a rollout's seconds per FLOP (its CPU time when measured, else Amdahl-scaled wall time)."""
-        secs = _first(rollout, "rollout_s", "generate_s")
-        if cpu_s is not None and cpu_s > 0:
-            secs, scale = cpu_s, 1.0
-        toks = rollout.get("gen_tokens")
-        if secs is not None and secs > 0:
+        core_s = _core_seconds(rollout, ("rollout_s", "generate_s"), cpu_s, scale)
+        if core_s is not None:
+            toks = rollout.get("gen_tokens")
             gen = float(toks) / n_gen if toks else float(g.max_completion_length)
             fl = rollout_flops(p, self.cfg.prompts_per_step, g.num_generations, self.prompt_tokens, gen)
-            self._roll[index].update(secs / scale / fl, self.alpha)
+            self._roll[index].update(core_s / fl, self.alpha)
 
     def _observe_update(self, index: int, update: dict[str, Any], cpu_s: float | None, scale: float, p: int,
                         g: Any, n_gen: int) -> None:
         """Fold an update's seconds per FLOP (a scoring phase's forward folded in, when there was one)."""
-        secs = _first(update, "update_s", "train_s")
-        if cpu_s is not None and cpu_s > 0:
-            secs, scale = cpu_s, 1.0
-        toks = update.get("train_tokens")
-        if secs is None or secs <= 0:
+        core_s = _core_seconds(update, ("update_s", "train_s"), cpu_s, scale)
+        if core_s is None:
             return
+        toks = update.get("train_tokens")
         if toks:
             n_rows = float(n_gen + (update.get("prp_peer_samples") or 0))
             fl = update_flops(p, n_rows, self.prompt_tokens + float(toks) / n_rows, g.num_iterations, g.beta)
         else:
             fl = self.flops(index).update_flops
         fl += 2.0 * p * float(update.get("scored_tokens") or 0.0)
-        self._upd[index].update(secs / scale / max(fl, 1.0), self.alpha)
+        self._upd[index].update(core_s / max(fl, 1.0), self.alpha)
 
     def _fold_allreduce(self, index: int, update: dict[str, Any], cpu_s: float | None,
                         ranks: int) -> tuple[dict[str, Any], float | None]:

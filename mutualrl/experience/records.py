@@ -279,16 +279,16 @@ class PeerScore(_RecordBase):
     """
 
     kind: ClassVar[str] = "peer_score"
-    prompt_id: str
-    source_policy: str
-    source_tokenizer: str
     rollout_id: str
+    prompt_id: str
+    version: int
+    sample_index: int
     chunk_ends: tuple[int, ...]
     chunk_logprobs: tuple[float, ...]
     stopped: int
     stop_logprob: float
-    version: int
-    sample_index: int = 0
+    source_policy: str
+    source_tokenizer: str
     created_at: float = field(default_factory=time.time, compare=False)
 
 

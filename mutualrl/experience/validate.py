@@ -76,14 +76,20 @@ def _validate(record: Record, limits: ExperienceLimits) -> None:
         _check_reward("score", record.score, limits)
 
 
-def _validate_rollout(r: Rollout, limits: ExperienceLimits) -> None:
-    if not 0 <= r.sample_index <= _MAX_INT64:
-        raise InvalidExperience("version_range", f"sample_index={r.sample_index} is outside [0, 2**63)")
-    n = len(r.token_ids)
+def _check_trace(index: int, n: int, m: int, names: tuple[str, str, str], limits: ExperienceLimits) -> int:
+    """A trace's sample index in range, its length ``n`` within the token cap and equal to its values'
+    ``m`` (``names``: what the units, the positions and the values are called); returns ``n``."""
+    if not 0 <= index <= _MAX_INT64:
+        raise InvalidExperience("version_range", f"sample_index={index} is outside [0, 2**63)")
     if n > limits.max_tokens:
-        raise InvalidExperience("too_large", f"{n} tokens (max {limits.max_tokens})")
-    if len(r.logprobs) != n:
-        raise InvalidExperience("length_mismatch", f"{n} token ids but {len(r.logprobs)} logprobs")
+        raise InvalidExperience("too_large", f"{n} {names[0]} (max {limits.max_tokens})")
+    if m != n:
+        raise InvalidExperience("length_mismatch", f"{n} {names[1]} but {m} {names[2]}")
+    return n
+
+
+def _validate_rollout(r: Rollout, limits: ExperienceLimits) -> None:
+    n = _check_trace(r.sample_index, len(r.token_ids), len(r.logprobs), ("tokens", "token ids", "logprobs"), limits)
     _check_reward("reward", r.reward, limits)
     if n:
         if not math.isfinite(sum(r.logprobs)):  # one fast pass; NaN/inf propagate
@@ -120,13 +126,8 @@ def _validate_group(g: GroupOutcome, limits: ExperienceLimits) -> None:
 
 
 def _validate_score(s: PeerScore, limits: ExperienceLimits) -> None:
-    if not 0 <= s.sample_index <= _MAX_INT64:
-        raise InvalidExperience("version_range", f"sample_index={s.sample_index} is outside [0, 2**63)")
-    n = len(s.chunk_ends)
-    if n > limits.max_tokens:
-        raise InvalidExperience("too_large", f"{n} chunks (max {limits.max_tokens})")
-    if len(s.chunk_logprobs) != n:
-        raise InvalidExperience("length_mismatch", f"{n} chunk ends but {len(s.chunk_logprobs)} chunk log-probs")
+    n = _check_trace(s.sample_index, len(s.chunk_ends), len(s.chunk_logprobs),
+                     ("chunks", "chunk ends", "chunk log-probs"), limits)
     if s.stopped not in (0, 1):
         raise InvalidExperience("wrong_type", f"stopped={s.stopped} is not 0 or 1")
     values = [*s.chunk_logprobs, s.stop_logprob]

@@ -90,9 +90,10 @@ def _serve(src: StepSource, s: DistillSettings) -> tuple[list[PeerScore], dict[s
             continue
         jobs.append((r, ch, src.encode_prompt(r.prompt), list(ch.scorer_ids) + ([int(eos)] if ch.stopped else [])))
     lps = src.score_texts([j[2] for j in jobs], [j[3] for j in jobs]) if jobs else []
-    out = [PeerScore(r.prompt_id, src.learner, src.me.tokenizer_id, r.record_id, ch.char_ends,
-                     tuple(ch.sums(lp, "scorer")), int(ch.stopped), float(lp[-1]) if ch.stopped else 0.0,
-                     src.step, r.sample_index)
+    out = [PeerScore(rollout_id=r.record_id, prompt_id=r.prompt_id, version=src.step, sample_index=r.sample_index,
+                     chunk_ends=ch.char_ends, chunk_logprobs=tuple(ch.sums(lp, "scorer")), stopped=int(ch.stopped),
+                     stop_logprob=float(lp[-1]) if ch.stopped else 0.0, source_policy=src.learner,
+                     source_tokenizer=src.me.tokenizer_id)
            for (r, ch, _, _), lp in zip(jobs, lps, strict=True)]
     tokens = sum(len(p) + len(c) for _, _, p, c in jobs)
     return out, {"distill_scored": float(len(out)), "distill_unscorable": float(len(rows) - len(out)),
