@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, git_rev, machine, write_result
+from _common import git_rev, machine, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURE = ROOT / "docs" / "images" / "distill_signal.png"
@@ -78,8 +78,8 @@ def _direction(learner: Any, teacher: Any, problems: list[Any], samples: list[An
     """THL statistics and the signal of ``teacher`` scoring ``learner``'s samples."""
     import torch
 
-    from mutualrl.experience import PeerScore
     from mutualrl.algorithms.strategies.distill import chunk_signal
+    from mutualrl.experience import PeerScore
     from mutualrl.thl.align import align
     from mutualrl.thl.scores import score_chunks
 
