@@ -3,10 +3,19 @@
 On a terminal a rich progress bar is shown. When the output is not a terminal (redirected to a
 file, CI, ``nohup``), a plain line is printed every ``every`` units instead:
 ``train 120/300 (40%) | gpt2-add r=0.31 acc=0.412 | elapsed 1:02 eta 1:33``.
+
+The count never passes the total: work that runs past its planned total turns the display
+open-ended (``zoo x 4293 (past the planned 4000) | ... | elapsed 16:02``: no share, no ETA), and no
+ETA is shown once the count has reached the total, nor an ETA under one second while work is left.
+Work in stretches of their own (the phases of a zoo build) starts each with :meth:`Progress.begin`:
+its own total, count, clock and so its own rate. With ``bound=True`` the total is a cap that the
+work may stop short of (a zoo phase ends when its skills reach their goal): the ETA reads
+``eta ≤1:33``, the time to the cap at the stretch's rate.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import IO, Any, Self
@@ -27,10 +36,11 @@ class Progress:
         enabled: show anything at all.
         every: in plain mode, print a line every this many units (and at the end).
         stream: where plain lines go (default stderr); rich is used only when it is a terminal.
+        bound: the total is a cap the work may stop short of (the ETA is printed as an upper bound).
     """
 
     def __init__(self, title: str, total: int, *, start: int = 0, enabled: bool = True, every: int | None = None,
-                 stream: IO[str] | None = None) -> None:
+                 stream: IO[str] | None = None, bound: bool = False) -> None:
         self.title = title
         self.total = max(1, int(total))
         self.start = start
@@ -40,6 +50,9 @@ class Progress:
         self.every = max(1, every or max(1, self.total // 20))
         self.note = ""
         self.info = ""
+        self.bound = bound
+        self.open_ended = False
+        """True once the work went past ``total``: the count is shown without a share or an ETA."""
         self._t0 = time.perf_counter()
         self._last_line = start
         self._rich: Any = None
@@ -79,30 +92,54 @@ class Progress:
         return " | ".join(x for x in (self.info, self.note) if x)
 
     def eta_s(self) -> float | None:
-        """Seconds left at the rate so far (None before the first unit)."""
+        """Seconds left at the rate so far: None before the first unit, once the count reached the
+        total, and when the work went past it (then nothing honest can be said)."""
         n = self.done - self.start
-        if n <= 0:
+        if n <= 0 or self.open_ended or self.done >= self.total:
             return None
         return (time.perf_counter() - self._t0) / n * (self.total - self.done)
 
     def line(self) -> str:
         """The plain progress line for the current state."""
-        pct = 100.0 * self.done / self.total
         eta = self.eta_s()
-        tail = f"elapsed {_clock(time.perf_counter() - self._t0)}" + (f" eta {_clock(eta)}" if eta is not None else "")
-        parts = [f"{self.title} {self.done}/{self.total} ({pct:.0f}%)", self._text(), tail]
-        return " | ".join(p for p in parts if p)
+        tail = f"elapsed {_clock(time.perf_counter() - self._t0)}"
+        if eta is not None:  # rounded up: work that is left never reads 0:00
+            tail += f" eta {'≤' if self.bound else ''}{_clock(max(1, math.ceil(eta)))}"
+        count = (f"{self.title} {self.done} (past the planned {self.total})" if self.open_ended else
+                 f"{self.title} {self.done}/{self.total} ({100.0 * self.done / self.total:.0f}%)")
+        return " | ".join(p for p in (count, self._text(), tail) if p)
+
+    def begin(self, title: str, total: int) -> None:
+        """Start a new stretch of work (a phase): ``total`` units under ``title``, its count and clock
+        from zero, so its share and ETA follow its own rate. On a terminal the last stretch's bar
+        stays, closed at the count it reached (a stretch that counted nothing is reused)."""
+        fresh = self.done == self.start
+        if self._rich is not None and self._task is not None and not fresh:
+            self._rich.update(self._task, total=max(1, self.done), completed=self.done)
+        self.title, self.total, self.start, self.done = title, max(1, int(total)), 0, 0
+        self.open_ended, self._last_line, self._t0 = False, 0, time.perf_counter()
+        if self._rich is not None and self._task is not None and fresh:
+            self._rich.reset(self._task, total=self.total, completed=0, description=title, info=self._text())
+        elif self._rich is not None:
+            self._task = self._rich.add_task(title, total=self.total, completed=0, info=self._text())
 
     def update(self, done: int, info: str | None = None) -> None:
-        """Set the units done (and the info text)."""
+        """Set the units done (and the info text). A count past the total makes the display
+        open-ended instead of counting past it."""
         self.done = done
         if info is not None:
             self.info = info
+        if done > self.total and not self.open_ended:
+            self.open_ended = True
+            if self._rich is not None:  # an indeterminate bar: no total, no share, no ETA
+                self._rich.update(self._task, visible=False)
+                self._task = self._rich.add_task(f"{self.title} (past the planned {self.total})", total=None,
+                                                 completed=done, info=self._text())
         if not self.enabled:
             return
         if self._rich is not None:
             self._rich.update(self._task, completed=done, info=self._text())
-        elif done - self._last_line >= self.every or done >= self.total:
+        elif done - self._last_line >= self.every or (done == self.total and not self.open_ended):
             self._last_line = done
             print(self.line(), file=self.stream, flush=True)
 
