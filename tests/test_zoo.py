@@ -283,7 +283,7 @@ def test_zoo_build_for_a_user_task_file(tmp_path, monkeypatch):
     # the Python API refuses the same task before it trains or writes anything
     from mutualrl.config.resolve import resolve_task
     from mutualrl.tasks.build import build_task
-    from mutualrl.zoo.sft import TooFewProblems
+    from mutualrl.zoo.steps import TooFewProblems
 
     small_task = build_task(resolve_task(small["task"]))
     with pytest.raises(TooFewProblems, match="'mul' has") as info:

@@ -9,8 +9,9 @@ is what mutual training then has to share. A config refers to one as ``model: zo
 ``zoo:<name>@<build seed>``).
 
 Modules: :mod:`~mutualrl.zoo.specs` (what a policy is), :mod:`~mutualrl.zoo.task` (the task),
-:mod:`~mutualrl.zoo.models` (architectures), :mod:`~mutualrl.zoo.sft` (the banded warm start),
-:mod:`~mutualrl.zoo.evaluate` (accuracy), :mod:`~mutualrl.zoo.build` (cache and cards),
+:mod:`~mutualrl.zoo.models` (architectures), :mod:`~mutualrl.zoo.sft` (the warm start's phases),
+:mod:`~mutualrl.zoo.steps` (its data and optimizer steps), :mod:`~mutualrl.zoo.stall` (when a phase
+has stalled), :mod:`~mutualrl.zoo.evaluate` (accuracy), :mod:`~mutualrl.zoo.build` (cache and cards),
 :mod:`~mutualrl.zoo.cli` (``mutualrl zoo``).
 """
 

@@ -30,9 +30,11 @@ from mutualrl.run.quiet import quiet_transformers
 from mutualrl.zoo.evaluate import evaluate
 from mutualrl.zoo.models import build_model
 from mutualrl.zoo.parallel import build_in_processes
-from mutualrl.zoo.sft import band_failure, check_task_size, sft
-from mutualrl.zoo.shipped import shipped_key, verified_dir
+from mutualrl.zoo.sft import SFTResult, ZooBandError, band_failure, sft
+from mutualrl.zoo.shipped import shipped_key, shipped_version, verified_dir
 from mutualrl.zoo.specs import DEFAULT_NAMES, ZOO, ZOO_VERSION, ZooSpec, check_names
+from mutualrl.zoo.stall import init_seed
+from mutualrl.zoo.steps import check_task_size
 from mutualrl.zoo.task import PROMPT_TEMPLATE, SPLIT_SEED, build_task_for_seed, format_prompt
 
 
@@ -53,10 +55,12 @@ def task_key(task: Any | None) -> str:
 
 def is_shipped(name: str, seed: int = 0, spec: ZooSpec | None = None, task: Any | None = None) -> bool:
     """Whether ``name`` at build ``seed`` for ``task`` is one of the shipped, prebuilt policies
-    (:mod:`mutualrl.zoo.shipped`): the default spec, build seed 0, the zoo task."""
+    (:mod:`mutualrl.zoo.shipped`): the default spec, build seed 0, the zoo task (the key is the one of
+    the :data:`~mutualrl.zoo.specs.ZOO_VERSION` they were built under)."""
     spec = spec if spec is not None else ZOO.get(name)
-    return (spec is not None and task is None and seed == 0
-            and shipped_key(name) == spec.cache_key(seed, task_key(task)))
+    version = shipped_version(name)
+    return (spec is not None and task is None and seed == 0 and version is not None
+            and shipped_key(name) == spec.cache_key(seed, task_key(task), version=version))
 
 
 def _zoo_task_key(seed: int) -> str:
@@ -111,22 +115,48 @@ def weights_hash(model: Any) -> str:
     return h.hexdigest()[:16]
 
 
+def train(spec: ZooSpec, seed: int, task: Any, tokenizer: Any, on_step: Callable[..., None] | None = None,
+          on_phase: Callable[[str, int, int, int, int], None] | None = None
+          ) -> tuple[Any, SFTResult, list[dict[str, Any]]]:
+    """A fresh model of ``spec`` warm-started on ``task`` (:func:`~mutualrl.zoo.sft.sft`); after a
+    stall, again from another initialisation (:func:`~mutualrl.zoo.stall.init_seed`), at most
+    ``spec.stall_restarts`` times. Returns the last model, its result and a record per attempt
+    (``attempt``, ``init_seed``, ``steps``, ``landed``, ``stall``, ``gave_up``). ``on_phase(phase,
+    cap, done, attempt, init_seed)`` is told when each phase of each attempt starts."""
+    attempts: list[dict[str, Any]] = []
+    for attempt in range(spec.stall_restarts + 1):
+        init = init_seed(seed, attempt)
+        torch.manual_seed(init)  # attempt 0: the build seed, as always
+        model = build_model(spec, tokenizer)
+
+        def phase(name: str, cap: int, done: int, a: int = attempt, i: int = init) -> None:
+            if on_phase is not None:
+                on_phase(name, cap, done, a, i)
+
+        res = sft(model, tokenizer, task, spec, init, on_step, phase)
+        attempts.append({"attempt": attempt, "init_seed": init, "steps": len(res.losses), "landed": res.landed,
+                         "phase_steps": dict(res.phase_steps), "stall": res.stall.to_dict() if res.stall else None,
+                         "gave_up": res.gave_up})
+        if res.stall is None:
+            break
+    return model, res, attempts
+
+
 def build_one(spec: ZooSpec, seed: int, task: Any, target: Path,
-              on_step: Callable[[int, float, dict[str, Any] | None], None] | None = None) -> dict[str, Any]:
+              on_step: Callable[[int, float, dict[str, Any] | None], None] | None = None,
+              on_phase: Callable[[str, int, int, int, int], None] | None = None) -> dict[str, Any]:
     """Build ``spec`` for ``task`` into ``target`` (atomically); return its card.
 
     Raises :class:`~mutualrl.zoo.sft.ZooBandError` (exit code 2 from the CLI) when SFT did not
-    land in the band; nothing is written then."""
+    land in the band, a stall included (after its restarts); nothing is written then."""
 
     from mutualrl.zoo.tokenizers import tokenizer_model_type, train_tokenizer
 
     t0 = time.perf_counter()
     tokenizer = train_tokenizer(spec.tokenizer, corpus(task), spec.vocab_size)
-    torch.manual_seed(seed)
-    model = build_model(spec, tokenizer)
-    res = sft(model, tokenizer, task, spec, seed, on_step)
+    model, res, attempts = train(spec, seed, task, tokenizer, on_step, on_phase)
     if not res.landed:
-        raise band_failure(spec, res)
+        raise band_failure(spec, res, attempts)
     t_sft = time.perf_counter() - t0
     greedy = evaluate(model, tokenizer, task, temperature=0.0, seed=seed)
     sampled = evaluate(model, tokenizer, task, temperature=1.0, seed=seed)
@@ -144,7 +174,9 @@ def build_one(spec: ZooSpec, seed: int, task: Any, target: Path,
         "prompt_template": PROMPT_TEMPLATE, "torch_threads": torch.get_num_threads(),
         "bands": {k2: list(v) for k2, v in spec.bands.items()},
         "landed_val_accuracy": res.val_accuracy, "sft_steps_done": len(res.losses), "sft_val_history": res.history,
-        "sft_steering": res.steering, "sft_mixture_final": res.mixture,
+        "sft_steering": res.steering, "sft_mixture_final": res.mixture, "sft_lr_scale_final": res.lr_scale,
+        "sft_phase_steps": res.phase_steps, "init_seed": attempts[-1]["init_seed"], "attempts": attempts,
+        "sft_steps_all_attempts": sum(a["steps"] for a in attempts), "sft_check_s": round(res.check_s, 1),
         "sft_loss_first": sum(res.losses[:k]) / k, "sft_loss_last": sum(res.losses[-k:]) / k,
         "accuracy_greedy": greedy, "accuracy_sampled_t1": sampled,
         "n_test_per_type": {name: len(p) for name, p in task.test.items()},
@@ -172,19 +204,45 @@ def build_one(spec: ZooSpec, seed: int, task: Any, target: Path,
     return card
 
 
-def build_with_progress(spec: ZooSpec, seed: int, task: Any, target: Path, *, progress: bool = True,
-                        stream: IO[str] | None = None) -> dict[str, Any]:
-    """:func:`build_one` with a progress display (a bar on a terminal, plain lines otherwise) and a
-    closing line with where it landed; returns the card."""
-    with Progress(f"zoo {spec.name}", spec.sft_max_steps, enabled=progress, every=spec.sft_eval_every * 4,
-                  stream=stream) as bar:
-        def tick(step: int, loss: float, check: dict[str, Any] | None) -> None:
-            info = f"loss {loss:.3f}"
-            if check is not None:
-                bar.note = "val " + " ".join(f"{k} {v:.0%}" for k, v in check["val"].items())
-            bar.update(step + 1, info)
+def _phases(spec: ZooSpec) -> list[tuple[str, int]]:
+    """The phases of ``spec``'s warm start and their step caps."""
+    if spec.generalist_target > 0:
+        return [("generalist", spec.generalist_max_steps), ("specialise", spec.sft_max_steps)]
+    return [("banded", spec.sft_max_steps)]
 
-        card = build_one(spec, seed, task, target, tick)
+
+def build_with_progress(spec: ZooSpec, seed: int, task: Any, target: Path, *, progress: bool = True,
+                        stream: IO[str] | None = None, every: int | None = None) -> dict[str, Any]:
+    """:func:`build_one` with a progress display (a bar on a terminal, plain lines every ``every``
+    steps otherwise, default ``4 x sft_eval_every``) and a closing line with where it landed, or
+    why it stopped; returns the card.
+
+    The display follows the phase being run (``zoo gpt2-add generalist 1200/6000 (20%) | ... |
+    phase 1/2``): its total is the phase's step cap, its count and ETA (an upper bound: the phase
+    ends once its skills reach their goal) come from the phase's own steps, and a restart from
+    another initialisation starts the phases over, named as such. The count never passes the total."""
+    phases = _phases(spec)
+    names = [p for p, _ in phases]
+    with Progress(f"zoo {spec.name} {phases[0][0]}", phases[0][1], enabled=progress, stream=stream, bound=True,
+                  every=every or spec.sft_eval_every * 4) as bar:
+        state: dict[str, Any] = {"offset": 0, "label": ""}
+
+        def phase(name: str, cap: int, done: int, attempt: int, init: int) -> None:
+            again = f" (restart {attempt}, init seed {init})" if attempt else ""
+            bar.begin(f"zoo {spec.name} {name}{again}", cap)
+            state["offset"], state["label"] = done, f"phase {names.index(name) + 1}/{len(names)}"
+            bar.note = state["label"]
+
+        def tick(step: int, loss: float, check: dict[str, Any] | None) -> None:
+            if check is not None:
+                bar.note = state["label"] + " | val " + " ".join(f"{k} {v:.0%}" for k, v in check["val"].items())
+            bar.update(step + 1 - state["offset"], f"loss {loss:.3f}")
+
+        try:
+            card = build_one(spec, seed, task, target, tick, phase)
+        except ZooBandError as exc:  # said at once (a child's stdout is relayed as it comes)
+            bar.finish(f"stopped: {exc}")
+            raise
         bar.finish(f"landed at step {card['sft_steps_done']}: greedy test "
                    + ", ".join(f"{k} {v:.1%}" for k, v in card["accuracy_greedy"].items()))
     return card

@@ -10,12 +10,12 @@ from typing import Any
 
 import yaml
 
-from mutualrl.errors import ConfigError, UserError
 from mutualrl.config.resolve import resolve_task
+from mutualrl.errors import ConfigError, UserError
 from mutualrl.tasks.build import build_task
 from mutualrl.zoo.build import build_zoo, is_built, is_shipped, load_card, policy_dir
-from mutualrl.zoo.sft import TooFewProblems, check_task_size
 from mutualrl.zoo.specs import DEFAULT_NAMES, ZOO, ZooSpec, check_names
+from mutualrl.zoo.steps import TooFewProblems, check_task_size
 
 TASK_FILE_HELP = """A YAML file with a run config's `task:` section and a `zoo:` section that
 gives each policy to build its skill mixture over the task's dataset aliases and its band per
@@ -25,7 +25,18 @@ skill, e.g.
        bands: {gcd: [0.3, 0.5], lcm: [0.03, 0.15]}}
 `like` picks the architecture and tokenizer of an embedded policy (default gpt2-add), and its warm
 start: a generalist phase until every skill reaches generalist_target (the default policies: 0.3;
-0 for none), then the specialisation on sft_mixture until every skill is in its band."""
+0 for none), then the specialisation on sft_mixture until every skill is in its band. An entry may
+also set lr, sft_max_steps, generalist_max_steps and the stall rule (stall_checks, stall_min_gain,
+stall_patience, stall_restarts; docs/zoo.md); the flags above set them for every policy built.
+
+A phase whose validation figure for a skill comes no stall_min_gain closer to its goal in
+stall_checks checks has stalled: the build starts over from another initialisation
+(stall_restarts times), then stops with exit code 2 naming the skill, its figure, its band and
+what to change; nothing is written to the cache."""
+
+SPEC_FIELDS: dict[str, type] = {"lr": float, "sft_max_steps": int, "generalist_max_steps": int, "stall_checks": int,
+                                "stall_min_gain": float, "stall_patience": int, "stall_restarts": int}
+"""Recipe fields a ``zoo:`` entry of a task file may set (and their types)."""
 
 
 def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec], dict[str, Any]]:
@@ -59,35 +70,66 @@ def task_specs(path: str | Path) -> tuple[Any, dict[str, ZooSpec], dict[str, Any
         raise ConfigError("zoo", "expected a list of policies to build (name, like, sft_mixture, bands)")
     specs: dict[str, ZooSpec] = {}
     for i, e in enumerate(entries):
-        where = f"zoo[{i}]"
-        if not isinstance(e, dict):
-            raise ConfigError(where, f"expected a mapping, got {type(e).__name__}")
-        unknown = sorted(set(e) - {"name", "like", "sft_mixture", "bands", "generalist_target"})
-        if unknown:
-            raise ConfigError(f"{where}.{unknown[0]}", "unknown field; valid: name, like, sft_mixture, bands, "
-                              "generalist_target")
-        like = e.get("like", "gpt2-add")
-        if like not in ZOO:
-            raise ConfigError(f"{where}.like", f"unknown zoo policy {like!r}; valid: {', '.join(ZOO)}")
-        name = str(e.get("name") or "")
-        if not name or name in specs:
-            raise ConfigError(f"{where}.name", f"must be a non-empty, unique name, got {name!r}")
-        try:
-            mix = {str(k): float(v) for k, v in dict(e.get("sft_mixture") or {}).items()}
-            bands = {str(k): (float(v[0]), float(v[1])) for k, v in dict(e.get("bands") or {}).items()}
-        except (TypeError, ValueError, IndexError, KeyError):
-            raise ConfigError(where, "sft_mixture maps skills to weights, bands maps skills to [low, high]") from None
-        try:
-            generalist = float(e.get("generalist_target", ZOO[like].generalist_target))
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}.generalist_target", "expected a number in [0, 1)") from None
-        if not 0 <= generalist < 1:
-            raise ConfigError(f"{where}.generalist_target", f"expected a number in [0, 1), got {generalist}")
-        spec = dataclasses.replace(ZOO[like], name=name, sft_mixture=mix, bands=bands, generalist_target=generalist,
-                                   description=f"{ZOO[like].description.split(';')[0]}; built for {p.name}")
+        spec = _entry_spec(e, f"zoo[{i}]", p.name, specs)
         spec.check(list(task.train))
-        specs[name] = spec
+        specs[spec.name] = spec
     return task, specs, data["task"]
+
+
+def _entry_spec(e: Any, where: str, file_name: str, specs: dict[str, ZooSpec]) -> ZooSpec:
+    """The spec of the ``zoo:`` entry ``e`` of task file ``file_name`` (``ConfigError`` at ``where``);
+    ``specs``: the entries before it (names are unique)."""
+    if not isinstance(e, dict):
+        raise ConfigError(where, f"expected a mapping, got {type(e).__name__}")
+    valid = ["name", "like", "sft_mixture", "bands", "generalist_target", *SPEC_FIELDS]
+    unknown = sorted(set(e) - set(valid))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", f"unknown field; valid: {', '.join(valid)}")
+    like = e.get("like", "gpt2-add")
+    if like not in ZOO:
+        raise ConfigError(f"{where}.like", f"unknown zoo policy {like!r}; valid: {', '.join(ZOO)}")
+    name = str(e.get("name") or "")
+    if not name or name in specs:
+        raise ConfigError(f"{where}.name", f"must be a non-empty, unique name, got {name!r}")
+    try:
+        mix = {str(k): float(v) for k, v in dict(e.get("sft_mixture") or {}).items()}
+        bands = {str(k): (float(v[0]), float(v[1])) for k, v in dict(e.get("bands") or {}).items()}
+    except (TypeError, ValueError, IndexError, KeyError):
+        raise ConfigError(where, "sft_mixture maps skills to weights, bands maps skills to [low, high]") from None
+    try:
+        generalist = float(e.get("generalist_target", ZOO[like].generalist_target))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}.generalist_target", "expected a number in [0, 1)") from None
+    if not 0 <= generalist < 1:
+        raise ConfigError(f"{where}.generalist_target", f"expected a number in [0, 1), got {generalist}")
+    return dataclasses.replace(ZOO[like], name=name, sft_mixture=mix, bands=bands, generalist_target=generalist,
+                               description=f"{ZOO[like].description.split(';')[0]}; built for {file_name}",
+                               **_recipe_fields(e, where))
+
+
+def _recipe_fields(entry: dict[str, Any], where: str) -> dict[str, Any]:
+    """The :data:`SPEC_FIELDS` a ``zoo:`` entry sets, typed (``ConfigError`` naming a bad one)."""
+    out: dict[str, Any] = {}
+    for key, kind in SPEC_FIELDS.items():
+        if key in entry:
+            value = entry[key]
+            positive = key in ("lr", "sft_max_steps", "generalist_max_steps")
+            if (isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and value != int(value))
+                    or (positive and value <= 0)):
+                raise ConfigError(f"{where}.{key}", f"expected {'a positive ' if positive else 'an '}"
+                                  f"{'integer' if kind is int else 'number'}, got {value!r}")
+            out[key] = kind(value)
+    return out
+
+
+def _overrides(args: Any) -> dict[str, Any]:
+    """The spec fields ``zoo build``'s flags set for every policy it builds."""
+    flags = {"lr": args.lr, "stall_checks": args.stall_checks, "stall_min_gain": args.stall_min_gain,
+             "stall_restarts": args.restarts}
+    out = {k: v for k, v in flags.items() if v is not None}
+    if args.max_steps is not None:
+        out.update(sft_max_steps=args.max_steps, generalist_max_steps=args.max_steps)
+    return out
 
 
 def _positive_int(text: str) -> int:
@@ -100,18 +142,51 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = 0.0
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return x
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return n
+
+
+def _share(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not 0 <= x < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
+    return x
+
+
 def _cmd_build(args: Any) -> int:
     t0 = time.perf_counter()
+    over = _overrides(args)
     if args.task:
         task, specs, section = task_specs(args.task)
+        specs = {n: dataclasses.replace(spec, **over) for n, spec in specs.items()}
         names = args.names or list(specs)
         dirs = build_zoo(names, seed=args.seed, cache_dir=args.cache_dir, progress=True, specs=specs, task=task,
                          jobs=args.jobs, task_section=section)
     else:
         if args.names:
             check_names(args.names)
+        table = {n: dataclasses.replace(spec, **over) for n, spec in ZOO.items()} if over else None
         dirs = build_zoo(args.names or None, seed=args.seed, cache_dir=args.cache_dir, progress=True, jobs=args.jobs,
-                         shipped=not args.rebuild)
+                         shipped=not args.rebuild, specs=table)
     for name, path in dirs.items():
         card = load_card(path)
         acc = "  ".join(f"{k} {v:.1%}" for k, v in card["accuracy_greedy"].items())
@@ -161,6 +236,17 @@ def register(subparsers: Any) -> None:
             q.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
                            help="policies built at once, one process and one torch thread each (default: one "
                            "per core; the weights are the same as one after another)")
+            q.add_argument("--lr", type=_positive_float, default=None, help="learning rate of every policy built "
+                           "(default: the policy's, 3e-3 for the embedded ones)")
+            q.add_argument("--max-steps", type=_positive_int, default=None, metavar="N",
+                           help="step cap of each phase of a warm start (default 6000 generalist, 4000 after)")
+            q.add_argument("--stall-checks", type=_count, default=None, metavar="N",
+                           help="checks of a phase without progress toward a skill's goal that stop it (default "
+                           "60; 0: never)")
+            q.add_argument("--stall-min-gain", type=_share, default=None, metavar="X",
+                           help="progress: a skill's best distance to its goal falls by at least this (default 0.01)")
+            q.add_argument("--restarts", type=_count, default=None, metavar="N",
+                           help="restarts from another initialisation after a stall (default 1)")
             q.add_argument("--rebuild", action="store_true",
                            help="build the default policies (seed 0) on this machine instead of using the shipped, "
                            "hash-checked weights (floating-point rounding differs between CPUs, so the weights will "

@@ -20,46 +20,34 @@ inside that wider margin (one check can catch a skill on its way through, and a 
 model's validation figure says less about its test one). Each steering check is recorded. A warm
 start that never goes above its band twice in a row is exactly the plain one. Deterministic in
 the seed and the thread count.
+
+Every phase (the generalist one, the specialisation, the banded warm start) is watched for a
+stall (:mod:`mutualrl.zoo.stall`): a type that comes no closer to its goal for ``stall_patience``
+checks is nudged (the generalist phase feeds a lagging type more once another has reached the
+target; the specialisation raises its learning rate when a type stays above its band, and shifts
+the shares of the types it feeds), and one that comes no closer for ``stall_checks`` checks stops
+the warm start with ``res.stall`` set, long before the phase's cap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
-import torch.nn.functional as F
 
 from mutualrl.errors import UserError
 from mutualrl.zoo.evaluate import accuracy
 from mutualrl.zoo.specs import ZooSpec
-from mutualrl.zoo.task import format_prompt
+from mutualrl.zoo.stall import Stall, StallWatch, landing_edges, stall_message
+from mutualrl.zoo.steps import Steps, warm_start_split
 
-VAL_SIZE = 500
-"""Training problems per type held out of SFT to measure the band (the last ones of the split)."""
-MIN_SFT_POOL = 200
-"""Fewest training problems per type left for SFT after :data:`VAL_SIZE` are held out (fewer are
-memorised, not learned: a 3-digit task of 360 training problems left one example to train on)."""
-
-
-class TooFewProblems(ValueError):
-    """A task type has fewer training problems than a zoo build needs (:func:`check_task_size`)."""
-
-    def __init__(self, index: int, alias: str, count: int) -> None:
-        self.index, self.alias, self.count = index, alias, count
-        super().__init__(f"task type {alias!r} has {count} training problems; a zoo build holds {VAL_SIZE} out "
-                         f"for validation and needs at least {MIN_SFT_POOL} more to train on "
-                         f"({VAL_SIZE + MIN_SFT_POOL} in all): give a larger problem space, or a smaller "
-                         "test_fraction / test_size")
-
-
-def check_task_size(task: Any) -> None:
-    """Raise :class:`TooFewProblems` for the first task type with under ``VAL_SIZE + MIN_SFT_POOL``
-    training problems (its index in ``task.train``'s order, the task's datasets' order)."""
-    for i, (alias, problems) in enumerate(task.train.items()):
-        if len(problems) < VAL_SIZE + MIN_SFT_POOL:
-            raise TooFewProblems(i, alias, len(problems))
+StepHook = Callable[[int, float, dict[str, Any] | None], None]
+"""``on_step(step, loss, check)`` after every optimizer step: the step's index in the attempt, its
+loss, and the history entry when the step ended with a validation check (else None)."""
+PhaseHook = Callable[[str, int, int], None]
+"""``on_phase(phase, cap, done)`` when a phase starts: its name (``generalist``, ``specialise`` or
+``banded``), its step cap, and the steps the attempt has done before it."""
 
 
 @dataclass
@@ -79,6 +67,14 @@ class SFTResult:
     """Why the warm start stopped before ``sft_max_steps`` without landing (empty otherwise)."""
     generalist_steps: int = 0
     """Steps of the generalist phase (0 without one)."""
+    stall: Stall | None = None
+    """The stall that stopped the warm start (:mod:`mutualrl.zoo.stall`), if one did."""
+    phase_steps: dict[str, int] = field(default_factory=dict)
+    """Steps per phase, in the order they ran."""
+    check_s: float = 0.0
+    """Seconds spent in validation checks (the rest of the warm start is optimizer steps)."""
+    lr_scale: float = 1.0
+    """The learning rate at the end, relative to the spec's (specialisation and its nudges)."""
 
     @property
     def val_accuracy(self) -> dict[str, float]:
@@ -86,38 +82,12 @@ class SFTResult:
         return dict(self.history[-1]["val"]) if self.history else {}
 
 
-def encode_examples(tokenizer: Any, problems: Sequence[Any]) -> list[tuple[list[int], int]]:
-    """(ids, prompt length) per problem: prompt ids + answer ids + EOS."""
-    prompts = tokenizer([format_prompt(p.question) for p in problems], add_special_tokens=False)["input_ids"]
-    answers = tokenizer([p.answer for p in problems], add_special_tokens=False)["input_ids"]
-    eos = tokenizer.eos_token_id
-    return [(list(p) + list(a) + [eos], len(p)) for p, a in zip(prompts, answers, strict=True)]
-
-
-def collate(examples: Sequence[tuple[list[int], int]], pad_id: int):
-    """Right-padded ids, attention mask and labels (-100 outside the completion)."""
-    width = max(len(ids) for ids, _ in examples)
-    n = len(examples)
-    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
-    labels = torch.full((n, width), -100, dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    for i, (ids, plen) in enumerate(examples):
-        t = torch.tensor(ids, dtype=torch.long)
-        input_ids[i, : len(ids)] = t
-        mask[i, : len(ids)] = 1
-        labels[i, plen: len(ids)] = t[plen:]
-    return input_ids, mask, labels
-
-
 def outside_band(spec: ZooSpec, acc: dict[str, float], margin: float = 0.0) -> tuple[list[str], list[str]]:
     """(types above, types below) their band with ``margin`` (a share of the band's width) inside
     both edges; an edge at 0 or 1 has no margin (no accuracy lies beyond it)."""
-    def edges(lo: float, hi: float) -> tuple[float, float]:
-        m = margin * (hi - lo)
-        return (lo + m if lo > 0 else lo), (hi - m if hi < 1 else hi)
-
-    high = [k for k, b in spec.bands.items() if acc.get(k, 0.0) > edges(*b)[1]]
-    low = [k for k, b in spec.bands.items() if acc.get(k, 0.0) < edges(*b)[0]]
+    edges = landing_edges(spec.bands, margin)
+    high = [k for k in spec.bands if acc.get(k, 0.0) > edges[k][1]]
+    low = [k for k in spec.bands if acc.get(k, 0.0) < edges[k][0]]
     return high, low
 
 
@@ -161,168 +131,232 @@ def _steer(mixture: dict[str, float], above: list[str], below: list[str]) -> dic
         floored |= low
 
 
-def warm_start_split(task: Any, types: Iterable[str]) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
-    """(the problems a warm start trains on, those it validates on) per type of ``task``: of each
-    type's training list, the last :data:`VAL_SIZE` are validation, the rest training. A run on the
-    same task with ``task.val_size`` = ``VAL_SIZE`` x the number of types (equal weights) holds out
-    the same validation problems, and the test split is never in either."""
-    names = list(types)
-    train = {k: task.train[k][: max(1, len(task.train[k]) - VAL_SIZE)] for k in names}
-    return train, {k: task.train[k][-VAL_SIZE:] for k in names}
-
-
-class _Steps:
-    """The warm start's optimizer steps: AdamW with a linear warm-up, then a constant learning rate;
-    each batch drawn from the per-type example pools by a mixture."""
-
-    def __init__(self, model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int) -> None:
-        self.model, self.tokenizer, self.spec = model, tokenizer, spec
-        self.pools = {k: encode_examples(tokenizer, problems)
-                      for k, problems in warm_start_split(task, spec.bands)[0].items()}
-        self.gen = torch.Generator().manual_seed(seed)
-        self.opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=spec.weight_decay)
-        self.done = 0
-        self.lr_scale = 1.0
-
-    def step(self, mixture: dict[str, float]) -> float:
-        """One optimizer step on a batch drawn by ``mixture``; returns the loss."""
-        spec, types = self.spec, list(mixture)
-        for group in self.opt.param_groups:
-            group["lr"] = spec.lr * self.lr_scale * min(1.0, (self.done + 1) / max(1, spec.warmup_steps))
-        w = torch.tensor([mixture[k] for k in types], dtype=torch.float)
-        kinds = torch.multinomial(w, spec.batch, replacement=True, generator=self.gen).tolist()
-        batch = []
-        for k in kinds:
-            pool = self.pools[types[k]]
-            batch.append(pool[int(torch.randint(len(pool), (1,), generator=self.gen))])
-        input_ids, mask, labels = collate(batch, self.tokenizer.pad_token_id)
-        self.model.train()
-        logits = self.model(input_ids=input_ids, attention_mask=mask).logits
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
-                               ignore_index=-100)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.opt.step()
-        self.done += 1
-        return float(loss.detach())
-
-
-def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int,
-        on_step: Callable[[int, float, dict[str, Any] | None], None] | None = None) -> SFTResult:
+def sft(model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int, on_step: StepHook | None = None,
+        on_phase: PhaseHook | None = None) -> SFTResult:
     """Warm-start ``model`` on ``task``'s training problems until :func:`in_band` (or the cap).
 
-    With ``spec.generalist_target`` a generalist phase comes first (:func:`_generalist`). ``on_step(step,
-    loss, check)`` is called after every step (``check`` is the history entry when the step ended
-    with a validation check, else None). ``spec.sft_max_steps`` caps the banded phase's steps.
+    With ``spec.generalist_target`` a generalist phase comes first (:func:`_generalist`), then the
+    specialisation (:func:`_specialise`); without, the banded warm start (:func:`_banded`). Each
+    phase is capped (``generalist_max_steps``, ``sft_max_steps``) and stops early once it has
+    stalled (:mod:`mutualrl.zoo.stall`: ``res.stall`` is set; the caller may start over from another
+    initialisation). ``on_step`` and ``on_phase`` report progress (:data:`StepHook`, :data:`PhaseHook`).
     """
     spec.check(list(task.train))
-    val = warm_start_split(task, spec.bands)[1]
-    steps = _Steps(model, tokenizer, task, spec, seed)
-    res = SFTResult()
+    run = _Run(Steps(model, tokenizer, task, spec, seed), task, warm_start_split(task, spec.bands)[1], SFTResult(),
+               on_step, on_phase)
     if spec.generalist_target > 0:
-        if _generalist(steps, task, val, res, on_step):
-            _specialise(steps, task, val, res, on_step)
-        model.eval()
-        return res
+        if _generalist(run):
+            _specialise(run)
+    else:
+        _banded(run)
+    run.res.lr_scale = run.steps.lr_scale
+    model.eval()
+    return run.res
+
+
+@dataclass
+class _Run:
+    """One warm start in progress: its steps, validation problems, result and progress hooks."""
+
+    steps: Steps
+    task: Any
+    val: dict[str, Any]
+    res: SFTResult
+    on_step: StepHook | None
+    on_phase: PhaseHook | None
+
+    def begin(self, phase: str, cap: int, goals: dict[str, tuple[float, float]], patience: bool = True) -> StallWatch:
+        """Announce ``phase`` (at most ``cap`` steps) and return its stall watch toward ``goals``."""
+        if self.on_phase is not None:
+            self.on_phase(phase, cap, self.steps.done)
+        spec = self.steps.spec
+        return StallWatch(phase, goals, spec.stall_checks, spec.stall_min_gain, spec.stall_patience if patience else 0)
+
+    def step(self, mixture: dict[str, float]) -> None:
+        """One optimizer step on ``mixture``."""
+        self.res.losses.append(self.steps.step(mixture))
+
+    def check(self, phase: str | None) -> dict[str, Any]:
+        """Measure validation accuracy; append and return the history entry."""
+        t = time.perf_counter()
+        acc = accuracy(self.steps.model, self.steps.tokenizer, self.task, self.val)
+        self.res.check_s += time.perf_counter() - t
+        check: dict[str, Any] = {"step": self.steps.done, "val": acc}
+        if phase is not None:
+            check["phase"] = phase
+        self.res.history.append(check)
+        return check
+
+    def tick(self, check: dict[str, Any] | None) -> None:
+        """Report the step just taken."""
+        if self.on_step is not None:
+            self.on_step(self.steps.done - 1, self.res.losses[-1], check)
+
+    def end(self, phase: str, start: int) -> None:
+        """Record the steps ``phase`` took (it started ``start`` steps into the attempt)."""
+        self.res.phase_steps[phase] = self.steps.done - start
+
+
+@dataclass
+class _Steering:
+    """The banded warm start's steering state (:func:`_banded`)."""
+
+    every: int
+    was_above: bool = False
+    was_inside: bool = False
+    steering: bool = False
+    all_above: list[float] = field(default_factory=list)
+    """The summed excess over the bands at each check of a streak with every type above."""
+
+
+def _banded(run: _Run) -> None:
+    """The banded warm start: the spec's mixture, steered once a type overshoots its band (module
+    docstring), until every type is inside its band, the cap, a hopeless steering or a stall."""
+    spec, res = run.steps.spec, run.res
     mixture = {k: float(spec.sft_mixture[k]) for k in spec.sft_mixture}
-    every, was_above, was_inside, steering = spec.sft_eval_every, False, False, False
-    all_above: list[float] = []  # the summed excess over the bands at each check of a streak of all-above
-    steer_margin = max(spec.band_margin, STEER_MARGIN)
+    state = _Steering(every=spec.sft_eval_every)
+    watch = run.begin("banded", spec.sft_max_steps, landing_edges(spec.bands, spec.band_margin), patience=False)
     for local in range(spec.sft_max_steps):
-        res.losses.append(steps.step(mixture))
+        run.step(mixture)
         check = None
-        if (local + 1) % every == 0:
-            acc = accuracy(model, tokenizer, task, val)
-            check = {"step": steps.done, "val": acc}
-            res.history.append(check)
-            # stop with a margin: the first check past an edge flatters the model (a lucky swing of a
-            # tiny model at a constant learning rate, plus validation noise), the test split regresses
-            # a steered model moves fast (a skill fed less is forgotten within a few checks): it lands
-            # only at the second check in a row inside the band
-            inside_now = in_band(spec, acc, steer_margin if steering else spec.band_margin)
-            res.landed, was_inside = inside_now and (not steering or was_inside), inside_now
-            above, _ = outside_band(spec, acc)
-            # above at two checks in a row: a jump over the band (one check above is often a swing
-            # that the next check undoes, and training on through it is what lands most builds)
-            over, was_above = bool(above) and was_above, bool(above)
-            if not inside_now and (steering or over):  # then some type is outside the steered margin
-                steering, every = True, min(every, STEER_EVERY)
-                high, low = outside_band(spec, acc, steer_margin)
-                mixture = _steer(mixture, high, low)
-                res.steering.append({"step": steps.done, "val": acc, "above": high, "below": low,
-                                     "mixture": dict(mixture)})
-                check["mixture"] = dict(mixture)
-                excess = sum(acc[k] - spec.bands[k][1] for k in above)
-                if set(above) == set(spec.bands):
-                    all_above.append(excess)
-                else:
-                    all_above.clear()
-                res.gave_up = _hopeless(all_above, len(res.steering))
-        if on_step is not None:
-            on_step(steps.done - 1, res.losses[-1], check)
+        if (local + 1) % state.every == 0:
+            check = run.check(None)
+            mixture = _banded_check(spec, res, state, check, mixture)
+            _, stall = watch.observe(check["val"], run.steps.done)
+            if stall is not None and not res.landed and not res.gave_up:
+                res.stall, res.gave_up = stall, stall.describe(spec.stall_min_gain)
+        run.tick(check)
         if res.landed or res.gave_up:
             break
+    run.end("banded", 0)
     res.mixture = mixture
-    model.eval()
-    return res
 
 
-def _generalist(steps: _Steps, task: Any, val: dict[str, Any], res: SFTResult,
-                on_step: Callable[[int, float, dict[str, Any] | None], None] | None) -> bool:
+def _banded_check(spec: ZooSpec, res: SFTResult, state: _Steering, check: dict[str, Any],
+                  mixture: dict[str, float]) -> dict[str, float]:
+    """One check of the banded warm start: whether it landed, and the mixture from here on."""
+    acc = check["val"]
+    steer_margin = max(spec.band_margin, STEER_MARGIN)
+    # stop with a margin: the first check past an edge flatters the model (a lucky swing of a tiny
+    # model at a constant learning rate, plus validation noise), the test split regresses; a steered
+    # model moves fast (a skill fed less is forgotten within a few checks): it lands only at the
+    # second check in a row inside the band
+    inside_now = in_band(spec, acc, steer_margin if state.steering else spec.band_margin)
+    res.landed, state.was_inside = inside_now and (not state.steering or state.was_inside), inside_now
+    above, _ = outside_band(spec, acc)
+    # above at two checks in a row: a jump over the band (one check above is often a swing that the
+    # next check undoes, and training on through it is what lands most builds)
+    over, state.was_above = bool(above) and state.was_above, bool(above)
+    if inside_now or not (state.steering or over):
+        return mixture
+    state.steering, state.every = True, min(state.every, STEER_EVERY)  # some type is outside the steered margin
+    high, low = outside_band(spec, acc, steer_margin)
+    mixture = _steer(mixture, high, low)
+    res.steering.append({"step": check["step"], "val": acc, "above": high, "below": low, "mixture": dict(mixture)})
+    check["mixture"] = dict(mixture)
+    if set(above) == set(spec.bands):
+        state.all_above.append(sum(acc[k] - spec.bands[k][1] for k in above))
+    else:
+        state.all_above.clear()
+    res.gave_up = _hopeless(state.all_above, len(res.steering))
+    return mixture
+
+
+def _generalist(run: _Run) -> bool:
     """The generalist phase: an even mixture of every type until each reaches
     ``spec.generalist_target`` on validation (then the specialisation lets the other skills fade
     into their bands: a skill learned and partly forgotten comes back from far fewer examples than
-    one never learned). Returns False, with ``res.gave_up`` set, when the phase's cap is reached."""
-    spec = steps.spec
-    even = {k: 1.0 for k in sorted(spec.bands)}
+    one never learned). A type that has reached the target while another makes no progress for
+    ``stall_patience`` checks is fed less (:func:`_steer`: half its share; the lagging one 1.5x).
+    Returns False, with ``res.gave_up`` set, when the phase's cap is reached or it stalled."""
+    spec, res = run.steps.spec, run.res
+    target = spec.generalist_target
+    mixture = {k: 1.0 for k in sorted(spec.bands)}
+    watch = run.begin("generalist", spec.generalist_max_steps, {k: (target, 1.0) for k in spec.bands})
     for _ in range(spec.generalist_max_steps):
-        res.losses.append(steps.step(even))
+        run.step(mixture)
         check = None
-        if steps.done % spec.sft_eval_every == 0:
-            acc = accuracy(steps.model, steps.tokenizer, task, val)
-            check = {"step": steps.done, "val": acc, "phase": "generalist"}
-            res.history.append(check)
-            res.generalist_steps = steps.done
-        if on_step is not None:
-            on_step(steps.done - 1, res.losses[-1], check)
-        if check is not None and min(check["val"].values()) >= spec.generalist_target:
+        if run.steps.done % spec.sft_eval_every == 0:
+            check = run.check("generalist")
+            res.generalist_steps = run.steps.done
+            due, res.stall = watch.observe(check["val"], run.steps.done)
+            reached = [k for k in mixture if check["val"][k] >= target]
+            if due and reached and res.stall is None:
+                mixture = _steer(mixture, reached, due)
+                res.steering.append({"step": run.steps.done, "val": check["val"], "above": reached, "below": due,
+                                     "mixture": dict(mixture), "phase": "generalist"})
+        run.tick(check)
+        if check is not None and min(check["val"].values()) >= target:
+            run.end("generalist", 0)
             return True
-    res.gave_up = (f"the generalist phase did not bring every skill to {spec.generalist_target:.0%} within "
-                   f"generalist_max_steps ({spec.generalist_max_steps})")
+        if res.stall is not None:
+            res.gave_up = res.stall.describe(spec.stall_min_gain)
+            break
+    else:
+        res.gave_up = (f"the generalist phase did not bring every skill to {target:.0%} within "
+                       f"generalist_max_steps ({spec.generalist_max_steps})")
+    run.end("generalist", 0)
     return False
 
 
 SPECIALISE_LR_SCALE = 1 / 3
 """The specialisation's learning rate relative to the spec's: slower forgetting, fewer overshoots."""
+NUDGE_LR_STEP = 1.5
+"""A specialising skill above its band with no progress for ``stall_patience`` checks multiplies the
+learning rate by this (a skill left out fades by interference, faster at a higher rate), up to the
+spec's own (1/3 -> 1/2 -> 3/4 -> 1)."""
 
 
-def _specialise(steps: _Steps, task: Any, val: dict[str, Any], res: SFTResult,
-                on_step: Callable[[int, float, dict[str, Any] | None], None] | None) -> None:
+def _specialise(run: _Run) -> None:
     """After the generalist phase: train on ``sft_mixture`` (the own skill) at a third of the
     learning rate, checking every :data:`STEER_EVERY` steps, until every type is inside its band
     with the margin (the skills left out fade into theirs). A type that falls below its band
-    cannot come back without its data: the warm start gives up then."""
-    spec = steps.spec
+    cannot come back without its data: the warm start gives up then. A type outside its band with
+    no progress for ``stall_patience`` checks is nudged (:func:`_nudge`); one with none for
+    ``stall_checks`` stalls the phase."""
+    spec, res, start = run.steps.spec, run.res, run.steps.done
     mixture = {k: float(v) for k, v in spec.sft_mixture.items()}
-    steps.lr_scale = SPECIALISE_LR_SCALE
+    run.steps.lr_scale = SPECIALISE_LR_SCALE
+    watch = run.begin("specialise", spec.sft_max_steps, landing_edges(spec.bands, spec.band_margin))
     for local in range(spec.sft_max_steps):
-        res.losses.append(steps.step(mixture))
+        run.step(mixture)
         check = None
         if (local + 1) % STEER_EVERY == 0:
-            acc = accuracy(steps.model, steps.tokenizer, task, val)
-            check = {"step": steps.done, "val": acc, "phase": "specialise"}
-            res.history.append(check)
-            res.landed = in_band(spec, acc, spec.band_margin)
-            _, below = outside_band(spec, acc)
+            check = run.check("specialise")
+            res.landed = in_band(spec, check["val"], spec.band_margin)
+            _, below = outside_band(spec, check["val"])
             lost = [k for k in below if mixture.get(k, 0.0) <= 0]
+            due, stall = watch.observe(check["val"], run.steps.done)
             if lost:
                 res.gave_up = f"{', '.join(lost)} fell below its band while specialising (it has no share to recover)"
-        if on_step is not None:
-            on_step(steps.done - 1, res.losses[-1], check)
+            elif stall is not None and not res.landed:
+                res.stall, res.gave_up = stall, stall.describe(spec.stall_min_gain)
+            elif due and not res.landed:
+                mixture = _nudge(run, check, mixture, due)
+        run.tick(check)
         if res.landed or res.gave_up:
             break
+    run.end("specialise", start)
     res.mixture = mixture
+
+
+def _nudge(run: _Run, check: dict[str, Any], mixture: dict[str, float], due: list[str]) -> dict[str, float]:
+    """Nudge a specialisation whose types ``due`` made no progress toward their bands: the learning
+    rate up by :data:`NUDGE_LR_STEP` (to the spec's at most) when one is above its band, and among
+    the types with a share, :func:`_steer` (half the share of one above, 1.5x of one below; a
+    type without a share keeps none). Recorded in ``res.steering``; returns the mixture."""
+    spec, steps = run.steps.spec, run.steps
+    high, low = outside_band(spec, check["val"], spec.band_margin)
+    high, low = [k for k in high if k in due], [k for k in low if k in due]
+    if high:
+        steps.lr_scale = min(1.0, steps.lr_scale * NUDGE_LR_STEP)
+    fed = {k: v for k, v in mixture.items() if v > 0}
+    if len(fed) > 1 and set(fed) & set(high + low):
+        fed = _steer(fed, [k for k in high if k in fed], [k for k in low if k in fed])
+        mixture = {k: fed.get(k, 0.0) for k in mixture}
+    run.res.steering.append({"step": check["step"], "val": check["val"], "above": high, "below": low,
+                             "mixture": dict(mixture), "lr_scale": steps.lr_scale, "phase": "specialise"})
+    return mixture
 
 
 def _hopeless(all_above: list[float], steer_checks: int) -> str:
@@ -337,15 +371,33 @@ def _hopeless(all_above: list[float], steer_checks: int) -> str:
 
 
 class ZooBandError(UserError):
-    """A zoo build that did not land inside its band within its step cap."""
+    """A zoo build that did not land inside its band: its cap, a hopeless steering or a stall.
+
+    ``details`` (when the build ran in this process): ``policy``, ``steps`` (of the last attempt),
+    ``steps_all_attempts``, ``val`` (the last validation accuracy per type), ``gave_up``, ``stall``
+    and ``attempts`` (:func:`mutualrl.zoo.build.train`'s records)."""
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.details: dict[str, Any] = details or {}
 
 
-def band_failure(spec: ZooSpec, res: SFTResult) -> ZooBandError:
-    """The error for a build that missed its band: what it measured and what to try."""
+def band_failure(spec: ZooSpec, res: SFTResult, attempts: Sequence[dict[str, Any]] = ()) -> ZooBandError:
+    """The error for a build that missed its band: what it measured and what to try (for a stall,
+    :func:`~mutualrl.zoo.stall.stall_message`; ``attempts`` are the build's attempts, each with its
+    ``init_seed``)."""
+    details = {"policy": spec.name, "steps": len(res.losses), "val": res.val_accuracy, "gave_up": res.gave_up,
+               "stall": res.stall.to_dict() if res.stall else None, "attempts": list(attempts),
+               "steps_all_attempts": sum(a["steps"] for a in attempts) if attempts else len(res.losses)}
+    if res.stall is not None:
+        return ZooBandError(stall_message(spec, res.stall, res.val_accuracy, attempts or [{"init_seed": "?"}]),
+                            details)
     got = ", ".join(f"{k} {res.val_accuracy.get(k, 0):.1%} (band {lo:.0%}-{hi:.0%})"
                     for k, (lo, hi) in spec.bands.items())
     why = f"stopped early: {res.gave_up}" if res.gave_up else "sft_max_steps"
     return ZooBandError(f"zoo policy {spec.name!r} did not land in its band after {len(res.losses)} SFT steps "
                         f"({why}; {len(res.steering)} steering checks): validation accuracy "
-                        f"{got}. Raise sft_max_steps, widen the bands or change the mixture; nothing was "
-                        f"written to the cache")
+                        f"{got}. Levers: more steps (--max-steps: sft_max_steps {spec.sft_max_steps}, "
+                        f"generalist_max_steps {spec.generalist_max_steps}), another build seed (--seed), another "
+                        f"learning rate (--lr, now {spec.lr:g}), wider bands or another mixture (a zoo task file); "
+                        f"nothing was written to the cache", details)

@@ -50,6 +50,13 @@ def shipped_key(name: str) -> str | None:
     return entry["cache_key"] if entry else None
 
 
+def shipped_version(name: str) -> str | None:
+    """The :data:`~mutualrl.zoo.specs.ZOO_VERSION` the shipped ``name`` was built under (its cache key
+    was computed with it; None when it is not shipped)."""
+    entry = manifest().get(name)
+    return entry["zoo_version"] if entry else None
+
+
 @functools.cache
 def verified_dir(name: str) -> Path:
     """The shipped directory of ``name`` after checking every file against the manifest (once per

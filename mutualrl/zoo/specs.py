@@ -11,8 +11,14 @@ from typing import Any
 
 from mutualrl.errors import UserError
 
-ZOO_VERSION = "7"
-"""Bump when anything that changes a built policy changes (code, task, tokenizers)."""
+ZOO_VERSION = "8"
+"""Bump when anything that changes a built policy changes (code, task, tokenizers). 8: a phase that
+stalls nudges its mixture and learning rate, starts over from another initialisation, then stops
+(:mod:`mutualrl.zoo.stall`); a build that never stalls for ``stall_patience`` checks is the one 7 built."""
+
+KEYED_WHEN_SET: tuple[str, ...] = ("stall_checks", "stall_min_gain", "stall_patience", "stall_restarts")
+"""Spec fields added after the shipped policies were built: they enter a cache key only when set away
+from their default, so the default specs keep the key they were shipped under."""
 
 ARCHS: tuple[str, ...] = ("gpt2", "llama", "gpt_neox", "qwen2")
 """Architecture families a :class:`ZooSpec` can name (``transformers`` model types). The default
@@ -63,6 +69,20 @@ class ZooSpec:
     generalist phase."""
     generalist_max_steps: int = 6000
     """Cap of the generalist phase (a build that does not get there fails)."""
+    stall_checks: int = 60
+    """Checks of a phase in which a skill outside its goal came no ``stall_min_gain`` closer to it
+    (its best distance so far) that make a stall: the build restarts or stops (exit 2) instead of
+    running to its cap (:mod:`mutualrl.zoo.stall`; 0: never). 60 checks are 1,500 generalist steps
+    (checked every ``sft_eval_every``) or 600 specialising ones (every 10): the shipped builds went up
+    to 43 checks without such progress before their sudden onset."""
+    stall_min_gain: float = 0.01
+    """How much closer to its goal (accuracy, 0.01 = one point) a skill must come to make progress."""
+    stall_patience: int = 20
+    """Checks without progress after which a skill is nudged (its share, and while specialising the
+    learning rate; 0: never), again after as many more."""
+    stall_restarts: int = 1
+    """Times a stalled build starts over from another initialisation (:func:`~mutualrl.zoo.stall.init_seed`)
+    before it stops."""
     description: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,10 +97,12 @@ class ZooSpec:
         return cls(**{**d, "bands": {k: (float(v[0]), float(v[1])) for k, v in d["bands"].items()},
                       "sft_mixture": {k: float(v) for k, v in d["sft_mixture"].items()}})
 
-    def cache_key(self, seed: int, task_key: str = "") -> str:
-        """Hash of (spec, seed, task, :data:`ZOO_VERSION`) naming the cache folder."""
-        payload = json.dumps({"spec": self.to_dict(), "seed": seed, "version": ZOO_VERSION, "task": task_key},
-                             sort_keys=True)
+    def cache_key(self, seed: int, task_key: str = "", version: str = ZOO_VERSION) -> str:
+        """Hash of (spec, seed, task, ``version``: :data:`ZOO_VERSION` unless a shipped build's is
+        asked for) naming the cache folder; the fields of :data:`KEYED_WHEN_SET` count only when set."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        spec = {k: v for k, v in self.to_dict().items() if k not in KEYED_WHEN_SET or v != defaults[k]}
+        payload = json.dumps({"spec": spec, "seed": seed, "version": version, "task": task_key}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def check(self, types: Sequence[str]) -> None:
@@ -98,6 +120,10 @@ class ZooSpec:
                 raise UserError(f"{where}: band of {k!r} must satisfy 0 <= low < high <= 1, got ({lo}, {hi})")
             if lo > 0 and self.sft_mixture.get(k, 0) <= 0 and not self.generalist_target > 0:
                 raise UserError(f"{where}: {k!r} must reach {lo:.0%} but has no weight in sft_mixture")
+        if min(self.stall_checks, self.stall_patience, self.stall_restarts) < 0 or not 0 <= self.stall_min_gain < 1:
+            raise UserError(f"{where}: stall_checks, stall_patience and stall_restarts must be >= 0 and "
+                            f"stall_min_gain in [0, 1), got {self.stall_checks}, {self.stall_patience}, "
+                            f"{self.stall_restarts}, {self.stall_min_gain}")
 
 
 OWN_BAND = (0.35, 1.0)
