@@ -196,3 +196,28 @@ def test_the_shipped_example_study_checks():
     assert [(a.name, a.role) for a in spec.arms] == [("independent", "baseline"), ("self_imitate", "baseline"),
                                                      ("imitate", "sharing")]
     assert planned_runs(spec) == 2 * 3 + 3 * 5 and spec.base["task"]["val_size"] == 1000
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, floats within 1e-9 relative (JSON written and read again)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-9 * max(1.0, abs(a))
+    return a == b
+
+
+@pytest.mark.parametrize("name", ["mutual", "mutual_taskmix", "mutual_real_small", "mutual_real_small_stage2"])
+def test_the_committed_benchmark_studies_reaggregate_to_their_figures(name):
+    """Every figure of a committed benchmark study comes back from its committed records alone
+    through the library (its arms and declared final seeds)."""
+    from mutualrl.study.aggregate import aggregate, committed_arms, committed_final_seeds
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    if not (results / f"{name}.json").is_file():
+        pytest.skip(f"{name}.json is not committed")
+    committed = json.loads((results / f"{name}.json").read_text())
+    again = aggregate(results, name, committed_arms(results, name), committed_final_seeds(results, name))
+    assert _same(_figures(again), _figures(committed))
