@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,44 +133,23 @@ def _overrides(args: Any) -> dict[str, Any]:
     return out
 
 
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return n
+def _value(kind: type, ok: Callable[[float], bool], what: str) -> Callable[[str], Any]:
+    """An argparse type: ``text`` read as ``kind`` and accepted when ``ok``, else an error saying ``what``."""
+    def parse(text: str) -> Any:
+        try:
+            x = kind(text)
+        except ValueError:
+            x = None
+        if x is None or not ok(x):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return x
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        x = 0.0
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return x
-
-
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
-    return n
-
-
-def _share(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        x = -1.0
-    if not 0 <= x < 1:
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
-    return x
+_positive_int = _value(int, lambda n: n >= 1, "a positive integer")
+_positive_float = _value(float, lambda x: x > 0, "a positive number")
+_count = _value(int, lambda n: n >= 0, "a non-negative integer")
+_share = _value(float, lambda x: 0 <= x < 1, "a number in [0, 1)")
 
 
 def _cmd_build(args: Any) -> int:
