@@ -52,6 +52,8 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
                    help="before MWRA's first plan, time STEPS (default 3, the first a warm-up) real steps of each "
                    "policy as one of its ranks runs them, and plan from them (local/ray schedulers)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true", help="print MWRA's whole plan table at every re-plan "
+                   "(default: the first plan's table, then one line per re-plan saying what changed)")
     p.set_defaults(func=cmd_train)
 
 
@@ -91,6 +93,8 @@ def _register_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
     p.add_argument("--steps", type=int, help="override the number of steps")
     p.add_argument("--force", action="store_true", help="overwrite an existing output directory")
+    p.add_argument("--verbose", action="store_true", help="print MWRA's whole plan table every time "
+                   "(default: once; later plans and re-plans one line each)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -141,13 +145,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UserError("give either CONFIG or --resume RUN_DIR, not both (a resumed run keeps its config)")
         run_dir = Path(args.resume)
         trainer = MutualTrainer(resolve_run(run_dir, overrides), run_dir, resume=True, progress=not args.no_progress,
-                                calibrate=args.calibrate)
+                                calibrate=args.calibrate, verbose=args.verbose)
     else:
         if not args.config:
             raise UserError("give a CONFIG.yaml to train (or --resume RUN_DIR)")
         plan = resolve(args.config, overrides)
         out = Path(args.output or plan.config.output_dir or Path("runs") / Path(args.config).stem)
-        trainer = MutualTrainer(plan, out, progress=not args.no_progress, calibrate=args.calibrate)
+        trainer = MutualTrainer(plan, out, progress=not args.no_progress, calibrate=args.calibrate,
+                                verbose=args.verbose)
     summary = trainer.train()
     print(json.dumps(summary, indent=1))
     print(f"run directory: {trainer.run_dir}")
@@ -188,7 +193,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         raise UserError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
-    run_demo(Path(args.output), quick=args.quick, arms=arms, seeds=seeds, steps=args.steps, force=args.force)
+    run_demo(Path(args.output), quick=args.quick, arms=arms, seeds=seeds, steps=args.steps, force=args.force,
+             verbose=args.verbose)
     return 0
 
 
