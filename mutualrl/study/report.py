@@ -19,10 +19,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from mutualrl.study import evidence
 from mutualrl.algorithms.registry import parse_strategy
-from mutualrl.paths import METRICS, SUMMARY
 from mutualrl.config.resolve import run_config
+from mutualrl.paths import METRICS, SUMMARY
+from mutualrl.study import evidence
 
 ARM_FILE = "arm.json"
 """A run directory's arm label (``{"arm": "..."}``), written by whoever ran it as one arm of a
