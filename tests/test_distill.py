@@ -123,9 +123,11 @@ def test_parse_refuses_any_mangled_score_with_a_reason(field, value):
 
 
 # ----------------------------------------------------------------------------- the gate
-def _evidence(name: str, wins: int, n: int, kind: str = "add") -> list[Rollout]:
-    return [Rollout(f"{kind}{i}", "", "46" if i < wins else "0", name, "t", [2], [-0.1], 0.0, 1, i)
-            for i in range(n)]
+def _evidence(name: str, wins: int, n: int, kind: str = "add", group: int = 2) -> list[Rollout]:
+    """``n`` samples of ``name`` in whole groups of ``group`` on prompts ``<kind>0``, ``<kind>1``, ...:
+    the first ``wins`` of them right."""
+    return [Rollout(f"{kind}{i // group}", "", "46" if i < wins else "0", name, "t", [2], [-0.1], 0.0, 1,
+                    i % group) for i in range(n)]
 
 
 def _ctx(groups=()) -> ShareContext:
@@ -137,7 +139,8 @@ def _ctx(groups=()) -> ShareContext:
 
 
 def _inputs(evidence) -> DistillInputs:
-    probs = {r.prompt_id: Problem(r.prompt_id, "", "46", r.prompt_id.rstrip("0123456789")) for r in evidence}
+    probs = {r.prompt_id: Problem(r.prompt_id, "", "46", r.prompt_id.rstrip("0123456789").replace("_other", ""))
+             for r in evidence}
     return DistillInputs("student", STUDENT, {"teacher": TEACHER}, {}, evidence, probs)
 
 
@@ -154,12 +157,29 @@ def test_the_gate_stays_shut_for_a_weaker_peer_and_for_claims_that_fail_reverifi
     assert gate_weights(_ctx(), _inputs(weaker), s) == {}
     # a hostile peer claims a reward of 1 on every sample, but its texts are wrong: the learner's
     # verifier rejects every one, so the peer has no success to open the gate with
-    liar = [Rollout(f"add{i}", "", "999", "teacher", "t", [2], [-0.1], 1.0, 1, i) for i in range(8)]
+    liar = [Rollout(f"add{i // 2}", "", "999", "teacher", "t", [2], [-0.1], 1.0, 1, i % 2) for i in range(8)]
     assert gate_weights(_ctx(), _inputs(_evidence("student", 0, 8) + liar), s) == {}
     # per task type: a peer better at "add" does not teach "sub"
     mixed = _evidence("student", 0, 8) + _evidence("teacher", 8, 8) + _evidence("student", 0, 8, "sub") + \
         _evidence("teacher", 0, 8, "sub")
     assert set(gate_weights(_ctx(), _inputs(mixed), s)) == {("teacher", "add")}
+
+
+def test_a_peer_that_publishes_only_its_successes_does_not_open_the_gate():
+    """Groups count whole: a peer that leaves its failed samples out of the exchange (sample 1 of
+    every group missing, or a success published twice) has no evidence, however right the rest is;
+    and only prompts both policies answered count."""
+    s = DistillSettings(min_successes=2)
+    own = _evidence("student", 0, 8)
+    selective = [r for r in _evidence("teacher", 8, 8) if r.sample_index == 0]
+    assert gate_weights(_ctx(), _inputs(own + selective), s) == {}
+    # a second record at an index breaks that group alone: the three other whole groups still count
+    clash = _evidence("teacher", 8, 8) + [Rollout("add0", "", "46 ", "teacher", "t", [2], [-0.1], 0.0, 1, 0)]
+    from mutualrl.algorithms.strategies.distill import complete_groups
+    assert sorted(k[1] for k in complete_groups(clash)) == ["add1", "add2", "add3"]
+    assert gate_weights(_ctx(), _inputs(own + clash), s) == {("teacher", "add"): s.weight}
+    elsewhere = _evidence("teacher", 8, 8, kind="add_other")  # right answers, but on prompts the learner has not seen
+    assert gate_weights(_ctx(), _inputs(own + elsewhere), s) == {}
 
 
 # ----------------------------------------------------------------------------- the step and the clip
@@ -242,3 +262,15 @@ def test_distill_is_mutual_on_the_zoo_specialists(tiny_config, sync):
         assert r["flops_sampling"] > 0 and r["flops_update"] > 0
     taught = {r["policy"] for r in rows if r["distill_rows"] > 0}
     assert taught == {"g", "l"}, [(r["policy"], r["distill_gate_open"], r["distill_rows"]) for r in rows]
+
+
+def test_a_non_canonical_sample_is_chunked_by_its_own_pieces():
+    """The student wrote 12 as "1" + "2" (not its tokenizer's own "12"): its chunks come from its
+    pieces' spans, not one chunk over the whole text, and both sides still agree on them."""
+    from mutualrl.thl.scores import score_chunks
+
+    pieces = _toy(r"\d+|.", ["1", "2", "12", "+", "34", "=", "46"])
+    sampled = [pieces.convert_tokens_to_ids(x) for x in ("1", "2", "+", "34", "=", "46")] + [EOS]
+    ch = score_chunks(TEXT, sampled, pieces, "", {EOS}, CHARS, "")
+    assert not ch.canonical and ch.char_ends == (1, 2, 3, 5, 6, 8) and ch.student_bounds == (0, 1, 2, 3, 4, 5, 6)
+    assert score_chunks(TEXT, sampled, pieces, "", {EOS}, CHARS, "") == ch  # deterministic: the check agrees

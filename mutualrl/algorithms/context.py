@@ -195,3 +195,8 @@ class StepSource:
     """One forward of this policy's model over completions (a scoring phase)."""
     parameters: int = 0
     """This policy's parameter count (the FLOPs a forward token costs: twice that)."""
+    task_types: tuple[str, ...] = ()
+    """The task's problem types (``Problem.source``), the same on every rank."""
+    memo: dict[str, Any] = field(default_factory=dict)
+    """A place a step may keep derived values across steps (a cache: never needed for correctness, a
+    resumed run starts it empty); the worker keeps it for its lifetime."""

@@ -390,14 +390,18 @@ class Policy:
             raise RuntimeError("no reference model: beta == 0")
 
     def logprobs(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
-                 width: int | None = None, *, reference: bool = False) -> torch.Tensor:
+                 width: int | None = None, *, reference: bool = False, local: bool = False) -> torch.Tensor:
         """Per-token log-probs ``[B, C]`` (right-aligned) of the completions under current weights.
 
         Scaled by the sampling temperature, like the behavior log-probs from :meth:`generate`.
         Gradients flow unless called under ``torch.no_grad``. ``reference=True`` uses the frozen
-        reference (the base model with the adapter off, under LoRA; no gradient).
+        reference (the base model with the adapter off, under LoRA; no gradient). ``local=True``: a
+        forward this rank runs alone (scoring; under FSDP the gathered copy, no gradient).
         """
         c = width or max(1, max(len(x) for x in completion_ids))
+        if local and self.fsdp is not None:  # the gathered full copy: no collective, any number of forwards
+            with torch.no_grad():
+                return self._plain_forward(self.fsdp.full, prompt_ids, completion_ids, c)
         if reference:
             with torch.no_grad(), self._reference() as ref:
                 return self._forward_logprobs(ref, prompt_ids, completion_ids, c)

@@ -124,6 +124,7 @@ class PolicyWorker(WorkerAPI):
         self.exchange = exchange if exchange is not None else open_exchange(spec.exchange, limits=self.limits)
         self._groups: dict[int, list[OwnGroup]] = {}
         self.params = self.policy.parameter_count()
+        self._memo: dict[str, Any] = {}
         self.peer_names = frozenset(p.name for i, p in enumerate(cfg.policies) if i != index)
 
     # ------------------------------------------------------------------ setup helpers
@@ -277,7 +278,8 @@ class PolicyWorker(WorkerAPI):
         me = PeerView(self.name, self.policy.tokenizer, self.policy.tokenizer_id, frozenset(self.policy.eos_ids),
                       self.pcfg.prompt_template, self.pcfg.system_prompt)
         return StepSource(step, self.name, self.peer_names, self.problems, self.exchange.query,
-                          self.policy.encode_prompt, self.peers, me, self._score_texts, self.params)
+                          self.policy.encode_prompt, self.peers, me, self._score_texts, self.params,
+                          tuple(self.task.source_names), self._memo)
 
     def _score_texts(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
                      ) -> list[list[float]]:
@@ -293,8 +295,8 @@ class PolicyWorker(WorkerAPI):
                 while j < len(prompts) and (j == i or tokens + len(prompts[j]) + len(completions[j]) <= budget):
                     tokens += len(prompts[j]) + len(completions[j])
                     j += 1
-                lp = self.policy.logprobs([list(p) for p in prompts[i:j]], [list(c) or [self.policy.pad_id]
-                                                                           for c in completions[i:j]])
+                lp = self.policy.logprobs([list(p) for p in prompts[i:j]],
+                                          [list(c) or [self.policy.pad_id] for c in completions[i:j]], local=True)
                 out += [lp[k, lp.shape[1] - len(c):].tolist() if c else [] for k, c in enumerate(completions[i:j])]
                 i = j
         return out

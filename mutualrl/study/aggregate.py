@@ -133,11 +133,13 @@ def arm_summary(runs: Sequence[Mapping[str, Any]], arm: str, seeds: Sequence[int
 
 def compute_ratios(runs: Sequence[Mapping[str, Any]], table: Mapping[str, Mapping[str, Any]], arm: str,
                    baseline: str) -> dict[str, Any]:
-    """``arm``'s compute over ``baseline``'s: the means' ratios of trained tokens, optimizer steps and
-    sampled tokens, and the trained tokens' ratio per seed and per policy."""
+    """``arm``'s compute over ``baseline``'s: the means' ratios of trained tokens, optimizer steps,
+    sampled tokens and (where both arms' runs counted them) FLOPs in all and of scoring, and the
+    trained tokens' ratio per seed and per policy."""
     tok = evidence.token_ratios(runs, arm, baseline)
-    return {**{k: table[arm][k]["mean"] / max(table[baseline][k]["mean"], 1e-9)
-               for k in ("trained_tokens", "optimizer_steps", "sampled_tokens")},
+    keys = ["trained_tokens", "optimizer_steps", "sampled_tokens"]
+    keys += [k for k in ("flops", "flops_scoring") if k in table[arm] and k in table[baseline]]
+    return {**{k: table[arm][k]["mean"] / max(table[baseline][k]["mean"], 1e-9) for k in keys},
             "trained_tokens_per_seed": tok["per_seed"], "trained_tokens_per_policy": tok["per_policy"]}
 
 
@@ -154,7 +156,8 @@ def _headline(sel: Sequence[Mapping[str, Any]], table: Mapping[str, Mapping[str,
         per_run = [*cm["trained_tokens_per_seed"],
                    *(v for p in cm["trained_tokens_per_policy"].values() for v in p["values"])]
         out["compute_match"] = {
-            **cm, "within_10_percent": all(abs(cm[k] - 1) <= 0.10 for k in ("trained_tokens", "optimizer_steps")),
+            **cm, "within_10_percent": all(abs(cm[k] - 1) <= 0.10 for k in ("trained_tokens", "optimizer_steps", "flops")
+                                           if k in cm),
             "every_seed_and_policy_within_10_percent": all(abs(x - 1) <= 0.10 for x in per_run)}
     return out
 

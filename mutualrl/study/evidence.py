@@ -70,12 +70,17 @@ def final_per_policy(run: Mapping[str, Any], split: str = "test") -> dict[str, d
 
 def compute_spent(run: Mapping[str, Any]) -> dict[str, float]:
     """What the run spent, summed over its policies and steps: trained tokens, optimizer steps,
-    sampled tokens, peer rows used; and its wall time (``summary.json``, when read)."""
+    sampled tokens, peer rows used, FLOPs by phase (sampling, scoring, update) and in all where the
+    run counted them; and its wall time (``summary.json``, when read)."""
     steps = run["steps"]
     out = {"trained_tokens": float(sum(s.get("train_tokens", 0) for s in steps)),
            "optimizer_steps": float(sum(s.get("optimizer_steps", 0) for s in steps)),
            "sampled_tokens": float(sum(s.get("gen_tokens", 0) for s in steps)),
            "peer_rows": float(sum(s.get("peer_rows", 0) for s in steps))}
+    if any("flops_update" in s for s in steps):  # runs of a revision that counts FLOPs by phase
+        for phase in ("sampling", "scoring", "update"):
+            out[f"flops_{phase}"] = float(sum(s.get(f"flops_{phase}", 0.0) for s in steps))
+        out["flops"] = out["flops_sampling"] + out["flops_scoring"] + out["flops_update"]
     if run.get("wall_s") is not None:
         out["wall_s"] = float(run["wall_s"])
     return out

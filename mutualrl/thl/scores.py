@@ -11,7 +11,8 @@ text, the student's sampled ids, both tokenizers, both prompt texts), so the stu
 scorer's chunk boundaries (character offsets) against its own and refuse a score that differs.
 Chunks that do not advance in the text (a byte-level piece of a character) are merged into the
 next, so boundaries are strictly increasing character offsets. A sample that is not its text's
-canonical encoding under the student's tokenizer is one chunk (its token boundaries are its own).
+canonical encoding under the student's tokenizer is aligned through its own pieces' spans (found
+by decoding growing prefixes); one that does not even decode back to its text is one chunk.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from mutualrl.thl.align import align_encodings
 from mutualrl.thl.peer import represents
-from mutualrl.thl.retokenize import Encoded, encode_completion
+from mutualrl.thl.retokenize import Encoded, encode_completion, offsets_by_decoding
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ class ScoreChunks:
     """The student's last sampled id is one of its stop ids (a chunk of its own, matched with the
     scorer's EOS)."""
     canonical: bool
-    """The student's sampled ids are its tokenizer's encoding of the text (else: one chunk)."""
+    """The student's sampled ids are its tokenizer's encoding of the text (else aligned through their
+    own decoded spans, or one chunk when they do not decode to the text)."""
 
     @property
     def n(self) -> int:
@@ -84,10 +86,12 @@ def score_chunks(text: str, student_ids: Sequence[int], student_tokenizer: Any, 
         return ScoreChunks((), (0,), tuple(t_ids), (0,), stopped, True)
     s_ids, s_off = encode_completion(student_tokenizer, student_prompt, text)
     canonical = s_ids == ids[:n_text]
-    if canonical:
+    if not canonical and represents(student_tokenizer, ids[:n_text], text):  # the sampled pieces' own spans
+        s_ids, s_off = ids[:n_text], offsets_by_decoding(student_tokenizer, ids[:n_text], text)
+    if s_ids == ids[:n_text]:
         al = align_encodings(text, Encoded(text, s_ids, s_off), Encoded(text, t_ids, t_off),
                              source_tokenizer=student_tokenizer, target_tokenizer=scorer_tokenizer)
         chars, sb, tb = _strict(al.char_bounds.tolist(), al.source_bounds.tolist(), al.target_bounds.tolist())
-    else:
+    else:  # the sample does not decode to its text: one chunk
         chars, sb, tb = [0, len(text)], [0, n_text], [0, len(t_ids)]
     return ScoreChunks(tuple(chars[1:]), tuple(sb), tuple(t_ids), tuple(tb), stopped, canonical)

@@ -19,13 +19,16 @@ backward serves both, under the same ratio clipping.
 
 **Mutual and gated.** Every policy scores every peer's samples (the ``serve`` phase between the
 rollouts and the updates, priced by MWRA); each learner decides whom it listens to. Per task type
-and peer it re-verifies, with its own verifier, every rollout the peer and it published over the
-last ``gate_window`` steps: the peer teaches that type only when it has at least
-``min_successes`` verified successes there and a success rate above the learner's by more than
-``min_gap``; its weight is ``weight * min(1, gap / full_gap)``. A weaker peer never teaches, and a
-hostile peer cannot open the gate without successes the learner's verifier accepts; once open, no
-score moves a token's advantage by more than ``weight * clip``. A score whose chunks differ from the
-learner's own chunking of its sample is refused.
+and peer it re-verifies, with its own verifier, the whole groups (every sample index of a group
+present once) that the peer and it published over the last ``gate_window`` steps on the same
+prompts: the peer teaches that type only when it has at least ``min_successes`` verified successes
+there and a success rate above the learner's by more than ``min_gap``; its weight is
+``weight * min(1, gap / full_gap)``. The tallies are summed over a policy's ranks, so every rank
+opens the same gates. A peer whose verified record is weaker never teaches; its claimed rewards count
+for nothing, and publishing only its successes leaves those groups out. A peer that publishes
+correct answers it did not produce itself (copied from the exchange) can open the gate; what its
+scores can then do is bounded: no score moves a token's advantage by more than ``weight * clip``. A
+score whose chunks differ from the learner's own chunking of its sample is refused.
 """
 
 from __future__ import annotations
@@ -114,6 +117,10 @@ class DistillInputs:
     """Every rollout of the gate's window (the learner's and its peers'), for re-verification."""
     problems: dict[str, Problem] = field(default_factory=dict)
     """The window's prompts by id."""
+    task_types: tuple[str, ...] = ()
+    """The task's problem types (the gate's keys, the same on every rank)."""
+    verdicts: dict[str, float] = field(default_factory=dict)
+    """The learner's verdicts of rollouts it already re-verified, by record id (a cache across steps)."""
 
 
 def _gather(src: StepSource, s: DistillSettings) -> DistillInputs | None:
@@ -132,28 +139,71 @@ def _gather(src: StepSource, s: DistillSettings) -> DistillInputs | None:
             scores[x.rollout_id].append(x)
     evidence = [r for r in src.query(list(window), kinds=[ROLLOUT], min_version=first)
                 if r.version <= step and (r.source_policy == src.learner or r.source_policy in src.peers)]
-    return DistillInputs(src.learner, src.me, dict(src.peers), dict(scores), evidence, window)
+    return DistillInputs(src.learner, src.me, dict(src.peers), dict(scores), evidence, window, src.task_types,
+                         src.memo.setdefault("distill_verdicts", {}))
+
+
+def complete_groups(rollouts: Sequence[Rollout]) -> dict[tuple[str, str, int], list[Rollout]]:
+    """The published groups that are whole: per (policy, prompt, version), sample indices 0..n-1 each
+    exactly once, n >= 2. A peer that publishes only some of a group's samples (its successes, say)
+    has that group left out of the gate's evidence."""
+    by: dict[tuple[str, str, int], dict[int, list[Rollout]]] = defaultdict(lambda: defaultdict(list))
+    for r in rollouts:
+        by[(r.source_policy, r.prompt_id, r.version)][r.sample_index].append(r)
+    return {k: [g[i][0] for i in range(len(g))] for k, g in by.items()
+            if len(g) >= 2 and set(g) == set(range(len(g))) and all(len(v) == 1 for v in g.values())}
+
+
+def _verdicts(ctx: ShareContext, inp: DistillInputs, rollouts: list[Rollout]) -> list[bool]:
+    """Whether the learner's own verifier accepts each rollout (cached by record id across steps)."""
+    todo = [r for r in rollouts if r.record_id not in inp.verdicts]
+    if todo:
+        _, scores = ctx.score([inp.problems[r.prompt_id] for r in todo], [r.completion for r in todo])
+        if len(inp.verdicts) > 500_000:  # a long run: keep the cache bounded
+            inp.verdicts.clear()
+        inp.verdicts.update((r.record_id, float(v)) for r, v in zip(todo, scores, strict=True))
+    return [inp.verdicts[r.record_id] >= SUCCESS_THRESHOLD for r in rollouts]
+
+
+def _gate_tally(ctx: ShareContext, inp: DistillInputs) -> tuple[list[tuple[str, str]], list[float]]:
+    """Per (peer, type): the peer's and the learner's verified successes and samples over the prompts
+    both have whole groups of in the window (paired), summed over the policy's ranks."""
+    groups = {k: g for k, g in complete_groups(inp.evidence).items() if k[1] in inp.problems}
+    flat = [r for g in groups.values() for r in g]
+    ok = dict(zip((r.record_id for r in flat), _verdicts(ctx, inp, flat), strict=True))
+    prompts: dict[str, set[str]] = defaultdict(set)
+    for name, pid, _ in groups:
+        prompts[name].add(pid)
+    types = inp.task_types or tuple(sorted({p.source for p in inp.problems.values()}))
+    keys = [(name, kind) for name in sorted(inp.teachers) for kind in types]
+    index = {k: 4 * i for i, k in enumerate(keys)}
+    tally = [0.0] * (4 * len(keys))
+    for (name, pid, _), g in groups.items():
+        kind = inp.problems[pid].source
+        for peer in ([name] if name != inp.learner else sorted(inp.teachers)):
+            if (peer, kind) not in index or pid not in prompts[inp.learner] or pid not in prompts[peer]:
+                continue  # paired prompts only: both answered it in whole groups
+            at = index[(peer, kind)] + (2 if name == inp.learner else 0)
+            tally[at] += sum(ok[r.record_id] for r in g)
+            tally[at + 1] += len(g)
+    if ctx.sum_over_ranks is not None:  # every rank judges on the whole step's evidence, and agrees
+        tally = ctx.sum_over_ranks(tally)
+    return keys, tally
 
 
 def gate_weights(ctx: ShareContext, inp: DistillInputs, s: DistillSettings) -> dict[tuple[str, str], float]:
     """Per (peer, task type), the weight the peer teaches that type with (absent: the gate is shut):
-    from the window's rollouts, each re-verified by the learner's own verifier."""
-    rollouts = [r for r in inp.evidence if r.prompt_id in inp.problems]
-    _, verdicts = ctx.score([inp.problems[r.prompt_id] for r in rollouts], [r.completion for r in rollouts]) \
-        if rollouts else ([], [])
-    tally: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    for r, v in zip(rollouts, verdicts, strict=True):
-        t = tally[(r.source_policy, inp.problems[r.prompt_id].source)]
-        t[0] += int(v >= SUCCESS_THRESHOLD)
-        t[1] += 1
+    from the whole groups both published over the window on the same prompts, every sample
+    re-verified by the learner's own verifier."""
+    keys, tally = _gate_tally(ctx, inp)
     out: dict[tuple[str, str], float] = {}
-    for (name, kind), (wins, n) in tally.items():
-        own_wins, own_n = tally.get((inp.learner, kind), (0, 0))
-        if name not in inp.teachers or wins < s.min_successes or not own_n:
+    for i, key in enumerate(keys):
+        wins, n, own_wins, own_n = tally[4 * i:4 * i + 4]
+        if wins < s.min_successes or not n or not own_n:
             continue
         gap = wins / n - own_wins / own_n
         if gap > s.min_gap and gap > 0:
-            out[(name, kind)] = s.weight * min(1.0, gap / s.full_gap)
+            out[key] = s.weight * min(1.0, gap / s.full_gap)
     return out
 
 
