@@ -16,9 +16,10 @@ from mutualrl.rollout.policy import Policy
 G = 4
 
 
-def _rows(kinds: dict, vocab: int, prompts: int = 5, seed: int = 7) -> list[TrainRow]:
+def _rows(kinds: dict, vocab: int, prompts: int = 5, seed: int = 7, dense: bool = False) -> list[TrainRow]:
     """Own groups of G rows of random lengths on ``prompts`` prompts, and for every further kind of the
-    strategy two rows on every second prompt (peer chunks covering their tokens for off-policy kinds)."""
+    strategy two rows on every second prompt (peer chunks covering their tokens for off-policy kinds);
+    ``dense``: the own rows carry per-token advantages too (``distill``'s signal)."""
     gen = torch.Generator().manual_seed(seed)
     rows: list[TrainRow] = []
     for p in range(prompts):
@@ -27,7 +28,9 @@ def _rows(kinds: dict, vocab: int, prompts: int = 5, seed: int = 7) -> list[Trai
             n = 2 + int(torch.randint(0, 6, (1,), generator=gen))
             ids = torch.randint(3, vocab, (n,), generator=gen).tolist()
             lp = (-torch.rand(n, generator=gen) * 3).tolist()
-            rows.append(TrainRow(prompt, ids, float(torch.randn((), generator=gen)), lp, OWN))
+            dense_adv = (torch.randn(n, generator=gen) * 0.3).tolist() if dense else None
+            rows.append(TrainRow(prompt, ids, float(torch.randn((), generator=gen)), lp, OWN,
+                                 token_advantages=dense_adv))
         for name in (k for k in kinds if k != OWN):
             if p % 2:
                 continue
@@ -54,8 +57,8 @@ def _train(model, strategy: str, settings: dict, budget: int | None, is_cap: flo
     vocab = min(len(pol.tokenizer), pol.model.config.vocab_size)
     stats: dict = {}
     for update in range(2):  # the optimizers' moments carry over
-        stats = train_on_batch(pol, TrainBatch(_rows(kinds, vocab, seed=7 + update), n_prompts=5, kinds=kinds),
-                               is_cap=is_cap)
+        rows = _rows(kinds, vocab, seed=7 + update, dense=strategy.endswith("distill"))
+        stats = train_on_batch(pol, TrainBatch(rows, n_prompts=5, kinds=kinds), is_cap=is_cap)
     flat = torch.cat([p.detach().reshape(-1) for p in pol.model.parameters() if p.requires_grad])
     pol.close()
     return flat, stats
@@ -67,6 +70,7 @@ CASES = [(s, {}, {}) for s in available_strategies()] + [
     ("sgt", {}, {"loss_type": "dr_grpo", "beta": 0.1}),
     ("guide", {"guide": {"shaping_gamma": 0.1}}, {"loss_type": "bnpo"}),  # LUFFY's shaping weights
     ("independent", {}, {"num_iterations": 2, "is_cap": 1.5}),  # the sampler/trainer mismatch correction
+    ("imitate+distill", {}, {"num_iterations": 2, "loss_type": "dapo"}),  # dense per-token advantages
 ]
 
 
