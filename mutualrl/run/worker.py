@@ -38,6 +38,7 @@ from mutualrl.algorithms.sharing import (
     serve_peers,
 )
 from mutualrl.algorithms.update import train_on_batch, update_flops
+from mutualrl.allocation.memory import process_peak_bytes, reset_process_peak
 from mutualrl.allocation.placement import place_in_process
 from mutualrl.config import RunConfig
 from mutualrl.config.modelref import resolve_model_path
@@ -283,8 +284,7 @@ class PolicyWorker(WorkerAPI):
 
     def _score_texts(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
                      ) -> list[list[float]]:
-        """This policy's per-token log-probs of ``completions`` after ``prompts`` (no gradient), in
-        batches of at most the update's micro-batch tokens."""
+        """This policy's per-token log-probs of ``completions`` (no gradient), micro-batched."""
         budget = self.policy.micro_batch_tokens or 1 << 62
         out: list[list[float]] = []
         self.policy.model.eval()
@@ -344,6 +344,7 @@ class PolicyWorker(WorkerAPI):
         gen = self.pcfg.generation
         sync0 = self.ranks.gradient_sync_s
         getattr(self.policy.engine, "sleep", lambda: None)()  # vLLM on a GPU frees its KV cache (sync wakes it)
+        fresh_peak = reset_process_peak()  # this update's own peak, even with every policy in one process
         stats = train_on_batch(self.policy, batch, ranks=self.ranks,
                                is_cap=gen.importance_sampling_cap if gen.importance_sampling_correction else None)
         t_sync = self.policy.sync_engine()
@@ -353,6 +354,8 @@ class PolicyWorker(WorkerAPI):
         if self.ranks.active:  # merged: the largest (the rank that waited longest) and the smallest
             m["allreduce_s"] = m["allreduce_s_min"] = self.ranks.gradient_sync_s - sync0  # (~ the transfer)
         m["rss_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        if fresh_peak:
+            m["update_rss_peak_mb"] = process_peak_bytes() / 2**20
         m["micro_batch_tokens"] = self.policy.micro_batch_tokens or 0
         if self.predicted_peak_bytes:
             m["mem_predicted_peak_mb"] = self.predicted_peak_bytes / 2**20
