@@ -90,7 +90,7 @@ def test_position_prune_and_discard_after(ex: Exchange) -> None:
     assert ex.prune(3) == 2
     st = ex.stats()
     assert (st["rows"], st["min_version"], st["max_version"]) == (1, 3, 3)
-    assert st["by_kind"] == {"rollout": 1, "group_outcome": 0, "verified_success": 0}
+    assert st["by_kind"] == {"rollout": 1, "group_outcome": 0, "verified_success": 0, "peer_score": 0}
     before = ex.position()
     ex.publish([rollout(version=9)])
     assert ex.position() > before  # positions never go back, even after deletes

@@ -314,7 +314,7 @@ def test_save_model_needs_a_run_with_a_checkpoint(tiny_config, tmp_path):
 
 # ----------------------------------------------------------------------------- the Hub
 def test_push_to_hub_uploads_the_complete_export_directory(trained_zoo_run, tmp_path, monkeypatch, capsys):
-    from mutualrl.export.model import hub
+    from mutualrl.export import hub
 
     calls = []
 

@@ -59,7 +59,7 @@ def test_the_worker_names_no_record_kind_a_step_owns_and_builds_no_steps_context
     the worker names no record kind a registered step reads, and holds no replay of its own."""
     owned = set().union(*(parse_strategy(n).reads for n in available_strategies()))
     assert owned  # the check has something to find
-    text = (PACKAGE / "run/worker.py").read_text()
+    text = re.sub(r"fault_point\([^)]*\)", "", (PACKAGE / "run/worker.py").read_text())  # fault points' names
     named = [k for k in sorted(owned) if re.search(rf"[\"']{k}[\"']", text)]
     assert not named, f"run/worker.py names record kinds {named}"
     for word in ("_history", "PastFailure", "PastSuccess", "Replay", "replay_steps"):

@@ -304,7 +304,7 @@ class PolicyWorker(WorkerAPI):
     @_numerics
     def serve(self, step: int) -> dict[str, float]:
         """Work for the peers between the rollouts and the updates (the strategy's ``serve`` hooks:
-        ``distill`` scores the peers' samples) and publish it; the metrics (``flops_scoring``)."""
+        e.g. scores of the peers' samples) and publish it; the metrics (``flops_scoring``)."""
         t0 = time.perf_counter()
         records, m = serve_peers(self.strategy, self._source(step), self.settings)
         pub = self.exchange.publish(records) if records else None
