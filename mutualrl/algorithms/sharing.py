@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mutualrl.algorithms.batch import TrainBatch, TrainRow
@@ -60,20 +60,24 @@ __all__ = ["BASE", "OWN", "AlignFn", "BoundKind", "EncodeFn", "OwnGroup", "PeerR
            "trained_tokens", "trains", "verified_successes"]
 
 
+def _hooks(strategy: str | Strategy, hook: str, sharing: Any) -> list[tuple[str, Callable[..., Any], Any]]:
+    """``(step name, its hook, its settings)`` for each step of ``strategy`` that declares ``hook``."""
+    strat = parse_strategy(strategy)
+    settings = strat.settings(sharing)
+    return [(s.name, getattr(s, hook), settings.get(s.name)) for s in strat.steps if getattr(s, hook) is not None]
+
+
 def serve_peers(strategy: str | Strategy, source: StepSource, sharing: Any = None
                 ) -> tuple[list[Any], dict[str, float]]:
     """Run each ``serve`` hook of ``strategy`` (the work for the peers between the rollouts and the
     updates): the records to publish and the metrics, summed over the steps."""
-    strat = parse_strategy(strategy)
-    settings = strat.settings(sharing)
     records: list[Any] = []
     metrics: dict[str, float] = {}
-    for step in strat.steps:
-        if step.serve is not None:
-            rows, m = step.serve(source, settings.get(step.name))
-            records += rows
-            for k, v in m.items():
-                metrics[k] = metrics.get(k, 0.0) + v
+    for _, serve, settings in _hooks(strategy, "serve", sharing):
+        rows, m = serve(source, settings)
+        records += rows
+        for k, v in m.items():
+            metrics[k] = metrics.get(k, 0.0) + v
     return records, metrics
 
 
@@ -81,15 +85,8 @@ def gather_context(strategy: str | Strategy, source: StepSource, sharing: Any = 
     """What each step of ``strategy`` that declares a ``gather`` hook fetches for the step (through
     ``source``), by step name: the :attr:`ShareContext.gathered` of the step (a hook that returns
     None leaves its step out)."""
-    strat = parse_strategy(strategy)
-    settings = strat.settings(sharing)
-    out = {}
-    for step in strat.steps:
-        if step.gather is not None:
-            got = step.gather(source, settings.get(step.name))
-            if got is not None:
-                out[step.name] = got
-    return out
+    gathered = {name: gather(source, settings) for name, gather, settings in _hooks(strategy, "gather", sharing)}
+    return {name: got for name, got in gathered.items() if got is not None}
 
 
 def build_batch(strategy: str | Strategy, ctx: ShareContext, sharing: Any = None) -> TrainBatch:

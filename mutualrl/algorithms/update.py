@@ -51,11 +51,16 @@ def mismatch_stats(logp: torch.Tensor, behavior: torch.Tensor, mask: torch.Tenso
             "logprob_ratio_outside_frac": float(((ratio < 0.9) | (ratio > 1.1)).float().mean())}
 
 
+def bound_kinds(batch: TrainBatch) -> dict[str, BoundKind]:
+    """The batch's row kinds; for a batch built by hand (no kinds), the base step's (own rows only)."""
+    return batch.kinds or parse_strategy(BASE).kinds()
+
+
 def batch_counts(batch: TrainBatch, num_generations: int = 1) -> BatchCounts:
     """The reductions' denominators over ``batch``: its policy-gradient rows and their tokens, and its
     prompts (``batch.n_prompts``, else the rows over ``num_generations``; a data-parallel rank sums
     these over the ranks of its policy)."""
-    kinds = batch.kinds or parse_strategy(BASE).kinds()
+    kinds = bound_kinds(batch)
     pg = [r for r in batch.rows if kinds[r.kind].term.reduction == "policy_gradient"]
     return BatchCounts(len(pg), sum(len(r.completion_ids) for r in pg),
                        batch.n_prompts or max(1, len(pg) // max(1, num_generations)))
@@ -276,7 +281,7 @@ def train_on_batch(policy: Policy, batch: TrainBatch, *, is_cap: float | None = 
     policy trains on several: see the module doc).
     """
     if not batch.kinds:  # a batch built by hand: the base step's own rows
-        batch = dataclasses.replace(batch, kinds=parse_strategy(BASE).kinds())
+        batch = dataclasses.replace(batch, kinds=bound_kinds(batch))
     counts = counts or batch_counts(batch, policy.options.num_generations)
     phases: dict[str, list[tuple[BoundKind, list[TrainRow]]]] = {}
     for name, kind in batch.kinds.items():
@@ -311,7 +316,7 @@ def update_flops(batch: TrainBatch, params: int, options: GRPOOptions) -> float:
     (prompt and completion of every row), ``num_iterations`` times for the rows of the policy's
     phase and once for a kind with an optimizer step of its own, plus 2 x parameters per token of
     the frozen reference's forward when ``beta`` > 0 (what a compute-matched control is matched on)."""
-    kinds = batch.kinds or parse_strategy(BASE).kinds()
+    kinds = bound_kinds(batch)
     total = 0.0
     for r in batch.rows:
         tokens = len(r.prompt_ids) + len(r.completion_ids)

@@ -80,13 +80,14 @@ def predict_step(cfg: RunConfig, index: int, params: int, prompt_tokens: float =
     k = len(cfg.policies)
     n_seq = float(cfg.prompts_per_step * g.num_generations)
     steps = step_settings(cfg, index) if settings is None else settings
-    peer = parse_strategy(cfg.sharing.strategy).peer_rollouts_per_prompt(steps)
+    strategy = parse_strategy(cfg.sharing.strategy)
+    peer = strategy.peer_rollouts_per_prompt(steps)
     if peer and k > 1:
         n_seq += cfg.prompts_per_step * min(peer, g.num_generations * (k - 1))
     roll = rollout_flops(params, cfg.prompts_per_step, g.num_generations, prompt_tokens, g.max_completion_length)
     upd = update_flops(params, n_seq, prompt_tokens + g.max_completion_length, g.num_iterations, g.beta)
     score = 0.0
-    if parse_strategy(cfg.sharing.strategy).serves:  # one forward of this model over every peer's samples
+    if strategy.serves:  # one forward of this model over every peer's samples
         score = sum(2.0 * params * cfg.prompts_per_step * cfg.policy_grpo(j).num_generations
                     * (prompt_tokens + cfg.policy_grpo(j).max_completion_length) for j in range(k) if j != index)
     return PhaseCost(roll, upd, score)

@@ -126,6 +126,8 @@ class PolicyWorker(WorkerAPI):
         self._groups: dict[int, list[OwnGroup]] = {}
         self.params = self.policy.parameter_count()
         self._memo: dict[str, Any] = {}
+        self.me = PeerView(self.name, self.policy.tokenizer, self.policy.tokenizer_id, frozenset(self.policy.eos_ids),
+                           self.pcfg.prompt_template, self.pcfg.system_prompt)
         self.peer_names = frozenset(p.name for i, p in enumerate(cfg.policies) if i != index)
 
     # ------------------------------------------------------------------ setup helpers
@@ -276,10 +278,8 @@ class PolicyWorker(WorkerAPI):
 
     def _source(self, step: int) -> StepSource:
         """What a strategy step's ``gather`` and ``serve`` hooks may ask for at ``step``."""
-        me = PeerView(self.name, self.policy.tokenizer, self.policy.tokenizer_id, frozenset(self.policy.eos_ids),
-                      self.pcfg.prompt_template, self.pcfg.system_prompt)
         return StepSource(step, self.name, self.peer_names, self.problems, self.exchange.query,
-                          self.policy.encode_prompt, self.peers, me, self._score_texts, self.params,
+                          self.policy.encode_prompt, self.peers, self.me, self._score_texts, self.params,
                           tuple(self.task.source_names), self._memo)
 
     def _score_texts(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
