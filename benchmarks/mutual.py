@@ -1,89 +1,147 @@
-"""The sharing study on the embedded default, a study definition on the library harness (:mod:`mutualrl.study`).
+"""The sharing study on the embedded default under the pre-registered plan of ``benchmarks/README.md``
+("The sharing studies: pre-registered plan"), a study definition on the library harness (:mod:`mutualrl.study`).
 
-    python benchmarks/mutual.py [--jobs 2] [--reuse] [--final-seeds 0,1,2,3,4] [--tune-seeds 0]
-        [--task-file FILE --zoo-seed N --name NAME] [--steps N] [--phase tune|headline|all] [--own-replay]
+    python benchmarks/mutual.py [--jobs 2] [--phase tune|all] [--final-seeds 1,...,8] [--tune-seeds 0]
+        [--heldout-seed 20261207] [--task-file FILE --name NAME --reuse-from A,B] [--steps N]
 
-The two shipped zoo policies (or a ``zoo build --task`` file's), their task with 1,000 validation and
-1,000 test problems, 64 prompts x 8 samples a step, 300 steps. The rounds:
+The two zoo policies (or a ``zoo build --task`` file's), their task with 1,000 validation and 1,000
+test problems, 64 prompts x 8 samples a step, 300 steps.
 
-1. **independent**, tuned on validation: learning rate (1e-4, 2e-4 and 3e-4 with 30 warm-up steps)
-   and dynamic sampling (``skip``; ``resample``, one extra round). Every later arm takes the chosen
-   GRPO settings.
-2. the **single-model controls** and the **sharing arms**, each family tuned on validation:
-   ``self_imitate`` (imitate's supervised step on the learner's own successes, no peer) at two
-   learning rates of that step; the sharing family: ``imitate`` at those two rates, with
-   replay of peer successes of the last steps, with its peer rows weighted up.
-   With ``--own-replay`` a second round: the chosen sharing arm with the compute-matched control's own
-   replay rows at the control's token budget (below), so that the two differ by the peers' rows alone.
-3. the **compute-matched control**: the chosen ``self_imitate`` with more own rows a step (own
-   verified successes of the last 16 steps) until it trains as many tokens a step as the chosen
-   sharing arm did on the tuning seeds, so both take the same optimizer steps on (within 10 %) the
-   same number of tokens; the **efficiency arm**
-   (the chosen sharing arm plus ``prp`` with 4 own samples per prompt, the group filled with 4 of the
-   peer's) and the single-model arms at that half budget.
-4. every chosen arm on the final seeds (seed = prompt stream and sampling).
+- **Tuning seed** (0: the shipped zoo build, the seed-0 splits; never a final seed). Every choice is
+  made on its validation split; its runs read only the seed-0 test split that earlier studies read.
+  Committed records of the same config are reused (``--reuse-from``: the first protocol's study and
+  ``mutual_distill``). Families, each tuned on validation, every learning-rate grid extended past
+  an edge choice (:func:`tune_grid`):
+
+  1. **GRPO** (every other arm takes its choice): learning rates 1e-4 (no warm-up), 2e-4, 3e-4 and
+     5e-4 (30 warm-up steps), each with and without dynamic resampling.
+  2. **single-model imitation**, 9 candidates: ``self_imitate`` at supervised rates 1e-4, 3e-4 and
+     5e-4; the **compute-matched control** (``self_imitate`` adding own verified successes of the last
+     4 or 16 steps until each policy trains, a step, what that policy trained in the best sharing
+     arm's run of the same seed) at those three rates and the two windows.
+  3. **sharing**, 9 candidates: ``imitate`` at rates 1e-4 and 3e-4, with 4 steps of peer replay at
+     3e-4 and 5e-4, with its peer rows weighted 2; ``distill`` at weights 0.5 and 2, alone and chained
+     after ``imitate`` with replay.
+
+- **Final seeds** (default 1-8, the plan's): each run on **its own zoo build** (build seed = run seed) and on a
+  **fresh test split** (``task.heldout_seed``: problems none of the seed-0 splits or warm starts
+  holds, read by no earlier run). Arms: the chosen GRPO, the chosen ``self_imitate``, the best sharing
+  arm, and the chosen matched control with each policy's token budget read from the best sharing
+  arm's run **of the same seed** (so the match holds per seed and per policy, not on averages).
 
 Writes ``benchmarks/results/NAME.json`` (default ``mutual``), ``NAME_runs/`` (every run's compact
-metrics) and ``NAME_report/``. The headline is the peers' share: the best sharing arm minus the
-strongest single-model baseline (both by validation), on test, per seed, with a 95 % interval.
+metrics) and ``NAME_report/``. The headline: the best sharing arm minus the strongest baseline inside
+the compute match (``peers_share_inside_match``), and minus the strongest single-model arm whatever
+its compute (``peers_share``), on test, per seed, with 95 % intervals.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from _common import RESULTS
 
-from mutualrl.study import Arm, Study, deep_merge
+from mutualrl.study import Arm, Study
 
 VAL_SIZE = 1000
 TEST_SIZE = 1000
 SUPERVISED = {"weight": 1.0, "max_rows": 64}
+HELDOUT_SEED = 20261207
+"""The fresh test split of the final seeds (``task.heldout_seed``), recorded in every final run's config."""
+GRID_NEXT = {1e-4: 2e-4, 2e-4: 3e-4, 3e-4: 5e-4, 5e-4: 8e-4, 8e-4: 1.3e-3, 1.3e-3: 2e-3}
+"""The learning rate after each on a grid extended upward (downward: the reverse, below 1e-4 halving)."""
+MAX_EXTENSIONS = 3
 
 
-def independent_candidates() -> list[Arm]:
-    """The GRPO settings tuned on validation (the other arms take the chosen ones)."""
-    warm = {"warmup_steps": 30}
-    rs = {"dynamic_sampling": "resample", "max_resample_rounds": 1}
-    grid = {"independent": {}, "independent_lr2e-4w": {"learning_rate": 2e-4, **warm},
-            "independent_lr3e-4w": {"learning_rate": 3e-4, **warm}, "independent_rs": rs,
-            "independent_lr3e-4w_rs": {"learning_rate": 3e-4, **warm, **rs}}
-    return [Arm(n, "independent", "baseline", {"grpo": g}) for n, g in grid.items()]
+def _lr_name(lr: float) -> str:
+    """``3e-4``, ``1.3e-3``: the names the first protocol gave its rates."""
+    mantissa, exp = f"{lr:.1e}".split("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exp)}"
 
 
-def control_candidates(grpo: dict[str, Any]) -> list[Arm]:
-    return [Arm(f"self_imitate_lr{name}", "self_imitate", "baseline",
-                {"grpo": grpo, "sharing": {"strategy": "self_imitate",
-                                           "self_imitate": {"weight": 1.0, "learning_rate": lr}}})
-            for name, lr in (("3e-4", 3e-4), ("1e-4", 1e-4))]
+def grpo_arm(lr: float, rs: bool) -> Arm:
+    """GRPO at ``lr`` (1e-4: no warm-up, as the first protocol's ``independent``; else 30 warm-up
+    steps), with one round of dynamic resampling when ``rs``."""
+    grpo: dict[str, Any] = {} if lr == 1e-4 else {"learning_rate": lr, "warmup_steps": 30}
+    if rs:
+        grpo |= {"dynamic_sampling": "resample", "max_resample_rounds": 1}
+    name = "independent" + ("" if lr == 1e-4 else f"_lr{_lr_name(lr)}w") + ("_rs" if rs else "")
+    return Arm(name, "independent", "baseline", {"grpo": grpo})
 
 
-def sharing_candidates(grpo: dict[str, Any]) -> list[Arm]:
-    def imitate(name: str, **extra: Any) -> Arm:
-        block = {**SUPERVISED, "learning_rate": 3e-4, **extra}
-        return Arm(name, "sharing", "sharing", {"grpo": grpo, "sharing": {"strategy": "imitate", "imitate": block}})
-
-    return [imitate("imitate_lr3e-4"), imitate("imitate_lr1e-4", learning_rate=1e-4),
-            imitate("imitate_replay4", replay_steps=4), imitate("imitate_peer2", peer_weight=2.0)]
+def self_imitate_arm(grpo: dict[str, Any], lr: float) -> Arm:
+    return Arm(f"self_imitate_lr{_lr_name(lr)}", "self_imitate", "baseline",
+               {"grpo": grpo, "sharing": {"strategy": "self_imitate",
+                                          "self_imitate": {"weight": 1.0, "learning_rate": lr}}})
 
 
-def own_replay_candidates(best: Arm, tokens: int) -> list[Arm]:
-    """The chosen sharing arm with the compute-matched control's own replay rows (the learner's own
-    verified successes of earlier steps) filling the control's token budget after the peers' rows:
-    the two arms then train the same tokens and differ by the peers' rows alone. Peer replay over the
-    first round's window (4 steps when it had none) and over 16 (the control's own window)."""
-    block = dict(best.overrides["sharing"]["imitate"])
-    variants = {block.get("replay_steps") or 4: f"{best.name}_own"}
-    variants.setdefault(16, f"{best.name}_own_replay16")
-    return [Arm(name, "sharing", "sharing", deep_merge(best.overrides, {"sharing": {"imitate": {
-                **block, "replay_steps": steps, "own_extra_rows": 512, "match_tokens": tokens}}}))
-            for steps, name in variants.items()]
+def matched_arm(grpo: dict[str, Any], lr: float, replay: int) -> Arm:
+    """The compute-matched control: ``self_imitate`` with up to 512 own earlier successes (of the
+    last ``replay`` steps) a step, each policy's step held to its own token budget (set per seed by
+    :meth:`~mutualrl.study.Study.matched_overrides`)."""
+    block = {"weight": 1.0, "learning_rate": lr, "extra_rows": 512, "replay_steps": replay}
+    return Arm(f"matched_lr{_lr_name(lr)}_replay{replay}", "matched", "baseline",
+               {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": block}})
 
 
-def float_lr(arm: Arm, step: str) -> dict[str, Any]:
-    return dict(arm.overrides["sharing"][step])
+def imitate_arm(grpo: dict[str, Any], variant: str, lr: float) -> Arm:
+    """``imitate`` (its supervised step at ``lr``): ``plain``, ``replay4`` (peer successes of the last
+    4 steps) or ``peer2`` (peer rows weighted 2). The first protocol's names where it ran them."""
+    extra = {"plain": {}, "replay4": {"replay_steps": 4}, "peer2": {"peer_weight": 2.0}}[variant]
+    names = {("plain", 3e-4): "imitate_lr3e-4", ("plain", 1e-4): "imitate_lr1e-4",
+             ("replay4", 3e-4): "imitate_replay4", ("peer2", 3e-4): "imitate_peer2"}
+    name = names.get((variant, lr), f"imitate_{variant}_lr{_lr_name(lr)}")
+    return Arm(name, "sharing", "sharing", {"grpo": grpo, "sharing": {
+        "strategy": "imitate", "imitate": {**SUPERVISED, "learning_rate": lr, **extra}}})
+
+
+def distill_arms(grpo: dict[str, Any]) -> list[Arm]:
+    """The dense-signal candidates of ``benchmarks/mutual_distill.py``: ``distill`` at weight 0.5 (its
+    default) and 2, alone and after ``imitate`` with 4 steps of replay."""
+    best = {**SUPERVISED, "learning_rate": 3e-4, "replay_steps": 4}
+
+    def arm(name: str, strategy: str, distill: dict[str, Any]) -> Arm:
+        sharing = {"strategy": strategy, "distill": distill, **({"imitate": best} if "imitate" in strategy else {})}
+        return Arm(name, "sharing", "sharing", {"grpo": grpo, "sharing": sharing})
+
+    return [arm("distill", "distill", {}), arm("imitate_replay4+distill", "imitate+distill", {}),
+            arm("distill_w2", "distill", {"weight": 2.0}),
+            arm("imitate_replay4+distill_w2", "imitate+distill", {"weight": 2.0})]
+
+
+def _step_lr(lr: float, up: bool) -> float:
+    if up:
+        return GRID_NEXT.get(lr, lr * 1.6)
+    below = {v: k for k, v in GRID_NEXT.items()}
+    return below.get(lr, lr / 2)
+
+
+def tune_grid(study: Study, family: str, grid: dict[str, tuple[Callable[[float], Arm], list[float]]],
+              seeds: Sequence[int], fixed: Sequence[Arm] = ()) -> Arm:
+    """Tune ``family`` on validation over every variant's learning-rate list (``grid``: variant ->
+    (its arm at a rate, the rates)) and the ``fixed`` candidates; while the choice sits at the top or
+    the bottom of the family's rates, add the chosen variant at the next rate out and tune again (at
+    most :data:`MAX_EXTENSIONS` times). Records the grid and its extensions in the study's notes."""
+    lrs = {v: sorted(rates) for v, (_, rates) in grid.items()}
+    for _ in range(MAX_EXTENSIONS + 1):
+        by_name = {grid[v][0](lr).name: (v, lr) for v in grid for lr in lrs[v]}
+        cands = [grid[v][0](lr) for v in grid for lr in lrs[v]] + list(fixed)
+        chosen = study.tune(family, cands, seeds)
+        if chosen.name not in by_name:
+            break
+        variant, lr = by_name[chosen.name]
+        every = sorted({r for rates in lrs.values() for r in rates})
+        if lr not in (every[0], every[-1]):
+            break
+        nxt = _step_lr(lr, up=lr == every[-1])
+        study.notes.append(f"{family}: {chosen.name} chosen at the {'top' if lr == every[-1] else 'bottom'} of the "
+                           f"family's rates {every}; {variant} added at {nxt:g}")
+        lrs[variant] = sorted({*lrs[variant], nxt})
+    study.tuning[family]["rates"] = {v: rates for v, rates in lrs.items()}
+    return chosen
 
 
 def task_file_policies(path: str, zoo_seed: int = 0) -> tuple[list[str], dict[str, Any]]:
@@ -96,94 +154,116 @@ def task_file_policies(path: str, zoo_seed: int = 0) -> tuple[list[str], dict[st
     return [str(dirs[n]) for n in specs], section
 
 
-def zoo_seed_of(args: argparse.Namespace, seed: int) -> int:
-    """The zoo build seed of a run: ``--zoo-seed``, or the run's seed with ``--zoo-seed-follows-seed``."""
-    return seed if args.zoo_seed_follows_seed else args.zoo_seed
-
-
 def build_study(args: argparse.Namespace) -> Study:
     from mutualrl.demo import demo_config
 
+    tune = [int(s) for s in args.tune_seeds.split(",")]
+    final = [int(s) for s in args.final_seeds.split(",")]
+    if set(tune) & set(final):
+        raise SystemExit(f"--final-seeds {final} and --tune-seeds {tune} share a seed: the tuning seed is never a "
+                         "final seed (the plan of benchmarks/README.md)")
+
     def base(seed: int) -> dict[str, Any]:
-        zs = zoo_seed_of(args, seed)
+        zs = seed if args.zoo_seed_follows_seed else 0  # each final seed on its own build; tuning on build 0
         cfg = demo_config("independent", seed, steps=args.steps, zoo_seed=zs)
         cfg["task"] = {**cfg["task"], "val_size": VAL_SIZE, "test_size": TEST_SIZE}
         if args.task_file:
             dirs, section = task_file_policies(args.task_file, zs)
             cfg["policies"] = [{"name": Path(d).name, "model": d} for d in dirs]
             cfg["task"] = {**section, "test_size": TEST_SIZE, "val_size": VAL_SIZE, "seed": 0, "reward": "exact"}
+        if seed not in tune:  # a final run reads the fresh test split; a tuning run the one earlier runs read
+            cfg["task"]["heldout_seed"] = args.heldout_seed
         cfg["sharing"] = {"strategy": "independent"}
         cfg["checkpoint_every"] = 50  # a killed study resumes a run instead of redoing it
         cfg["threads"] = 1  # fixed, so a run's numbers do not depend on what else the machine does
         return cfg
 
-    return Study(args.name, base, Path(args.out), results=RESULTS, jobs=args.jobs, reuse=args.reuse,
-                 final_seeds=[int(s) for s in args.final_seeds.split(",")])
+    reuse_from = [s for s in args.reuse_from.split(",") if s]
+    return Study(args.name, base, Path(args.out), results=RESULTS, jobs=args.jobs, reuse=True,
+                 reuse_from=reuse_from, reuse_from_seeds=tune, final_seeds=final)
+
+
+def tune_all(study: Study, tune: list[int]) -> tuple[Arm, Arm, Arm, Arm]:
+    """The tuning rounds on the tuning seeds: (GRPO, self_imitate, the best sharing arm, the matched
+    control) as chosen on validation."""
+    ind = tune_grid(study, "independent", {"plain": (lambda lr: grpo_arm(lr, False), [1e-4, 2e-4, 3e-4, 5e-4]),
+                                           "rs": (lambda lr: grpo_arm(lr, True), [1e-4, 3e-4, 5e-4])}, tune)
+    grpo = ind.overrides["grpo"]
+    best = tune_grid(study, "sharing", {
+        "plain": (lambda lr: imitate_arm(grpo, "plain", lr), [1e-4, 3e-4]),
+        "replay4": (lambda lr: imitate_arm(grpo, "replay4", lr), [3e-4, 5e-4]),
+        "peer2": (lambda lr: imitate_arm(grpo, "peer2", lr), [3e-4])}, tune, fixed=distill_arms(grpo))
+    ctrl = tune_grid(study, "self_imitate", {"lr": (lambda lr: self_imitate_arm(grpo, lr), [1e-4, 3e-4, 5e-4])}, tune)
+    budgets = {s: study.policy_budget(best, s) for s in tune}
+
+    def matched(replay: int) -> Callable[[float], Arm]:
+        def make(lr: float) -> Arm:
+            arm = matched_arm(grpo, lr, replay)
+            arm.seed_overrides = {s: study.matched_overrides(s, "self_imitate", budgets[s]) for s in tune}
+            return arm
+        return make
+
+    study.notes.append(f"matched control candidates: each policy's token budget a step is what it trained a step in "
+                       f"{best.name}'s run of the same seed, on the tuning seeds {budgets}")
+    held = tune_grid(study, "matched", {"replay4": (matched(4), [1e-4, 3e-4, 5e-4]),
+                                        "replay16": (matched(16), [1e-4, 3e-4, 5e-4])}, tune)
+    return ind, ctrl, best, held
+
+
+def final_round(study: Study, arms: tuple[Arm, Arm, Arm, Arm], final: list[int], chunk: int) -> list[Arm]:
+    """The chosen arms on the final seeds, ``chunk`` seeds at a time (so an interrupted study keeps
+    whole seeds): GRPO, ``self_imitate`` and the best sharing arm first, then the matched control with
+    each policy's budget from the best sharing arm's run of that seed."""
+    ind, ctrl, best, held = arms
+    matched = Arm("self_imitate_matched", "matched", "baseline", held.overrides)
+    for i in range(0, len(final), chunk):
+        seeds = final[i:i + chunk]
+        study.run([(best, s) for s in seeds] + [(a, s) for s in seeds for a in (ind, ctrl)])
+        for s in seeds:
+            matched.seed_overrides[s] = study.matched_overrides(s, "self_imitate", study.policy_budget(best, s))
+        study.run((matched, s) for s in seeds)
+    study.notes.append(f"self_imitate_matched: {held.name} (chosen on validation) with each policy's token budget a "
+                       f"step from {best.name}'s run of the same final seed: "
+                       + "; ".join(f"seed {s}: {study.policy_budget(best, s)}" for s in final
+                                   if s in matched.seed_overrides))
+    return [ind, ctrl, best, matched]
 
 
 def run(args: argparse.Namespace) -> None:
     study = build_study(args)
     tune, final = [int(s) for s in args.tune_seeds.split(",")], [int(s) for s in args.final_seeds.split(",")]
-    ind = study.tune("independent", independent_candidates(), tune)
-    grpo = ind.overrides["grpo"]
-    controls, sharing = control_candidates(grpo), sharing_candidates(grpo)
-    study.run((a, s) for a in controls + sharing for s in tune)  # both families at once (jobs in parallel)
-    ctrl = study.tune("self_imitate", controls, tune)
-    best = study.tune("sharing", sharing, tune)
-    tokens = round(study.per_step(best, tune, "train_tokens"))
-    budget_from, first_round = best.name, best
-    if args.own_replay:
-        best = study.tune("sharing_own", [best, *own_replay_candidates(best, tokens)], tune)
-        study.notes.append(f"Second round of sharing candidates: the first round's choice with the compute-matched "
-                           f"control's own replay rows up to the control's budget ({tokens} tokens a step), so the "
-                           "arm and the control differ by the peers' rows alone; chosen on validation of the tuning "
-                           "seeds against the first round's choice.")
-    matched_block = {**float_lr(ctrl, "self_imitate"), "extra_rows": 512, "match_tokens": tokens, "replay_steps": 16}
-    matched = Arm("self_imitate_matched", "self_imitate_matched", "baseline",
-                  {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": matched_block}})
-    half = {"grpo": {"num_generations": 4}}
-    # the first round's choice: a second-round arm's token budget is the full budget's, not the half's
-    eff = Arm("efficiency", "efficiency", "efficiency",
-              deep_merge(first_round.overrides, {**half, "sharing": {
-                  "strategy": f"{first_round.overrides['sharing']['strategy']}+prp", "prp": {"max_per_prompt": 4}}}))
-    halves = [Arm(f"{a.name}_half", f"{a.family}_half", "half_baseline", deep_merge(a.overrides, half))
-              for a in (ind, ctrl)]
-    study.notes.append(f"compute-matched control: {ctrl.name} with own verified successes of the last 16 steps "
-                       f"added until a step trains {tokens} tokens, what the chosen sharing arm {budget_from} trained a "
-                       "step on the tuning seeds (the mean over the policies: one budget for both)")
-    headline = (ind, ctrl, matched, best)
+    arms = tune_all(study, tune)
     if args.phase == "tune":
-        study.run((a, s) for a in (matched, eff, *halves) for s in tune)
-    elif args.phase == "headline":
-        study.run((a, s) for s in final for a in headline)
-    else:
-        # the headline arms on every seed first, so an interrupted study has its peers' share
-        study.run([(a, s) for s in final for a in headline] + [(a, s) for s in final for a in (eff, *halves)])
-    study.arms = {a.name: a for a in (headline if args.phase == "headline" else (*headline, eff, *halves))}
-    study.write({"task_file": args.task_file, "own_replay": args.own_replay,
-                 "zoo_seed": "run seed" if args.zoo_seed_follows_seed else args.zoo_seed, "steps": args.steps,
-                 "val_size": VAL_SIZE, "test_size": TEST_SIZE, "tune_seeds": tune})
+        study.arms = {a.name: a for a in arms}
+        study.write({"phase": "tune"}, report=False)
+        return
+    headline = final_round(study, arms, final, args.chunk)
+    study.arms = {a.name: a for a in headline}
+    study.write({"task_file": args.task_file, "zoo_seed": "run seed (tuning seed: build 0)"
+                 if args.zoo_seed_follows_seed else 0, "steps": args.steps, "val_size": VAL_SIZE,
+                 "test_size": TEST_SIZE, "tune_seeds": tune, "heldout_seed": args.heldout_seed,
+                 "plan": "benchmarks/README.md#the-sharing-studies-pre-registered-plan"})
 
 
-def parser(name: str = "mutual", out: str = "runs/study_mutual") -> argparse.ArgumentParser:
+def parser(name: str = "mutual", out: str = "runs/study_mutual",
+           reuse_from: str = "mutual_protocol1,mutual_distill") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", default=name)
     ap.add_argument("--out", default=out)
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--reuse", action="store_true")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--tune-seeds", default="0")
-    ap.add_argument("--final-seeds", default="0,1,2,3,4")
-    ap.add_argument("--phase", choices=("tune", "headline", "all"), default="all",
-                    help="tune: the tuning rounds only (and the derived arms on the tuning seeds); headline: every "
-                    "chosen arm but the efficiency ones on the final seeds; all: the efficiency arms too")
-    ap.add_argument("--own-replay", action="store_true",
-                    help="a second round of sharing candidates: the first round's choice with the compute-matched "
-                    "control's own replay rows at its token budget (differs from the control by the peers' rows)")
+    ap.add_argument("--final-seeds", default="1,2,3,4,5,6,7,8", help="the plan's final seeds (zoo: 1-8)")
+    ap.add_argument("--chunk", type=int, default=2, help="final seeds run together (the study keeps whole seeds)")
+    ap.add_argument("--heldout-seed", type=int, default=HELDOUT_SEED,
+                    help="task.heldout_seed of the final runs: their fresh test split")
+    ap.add_argument("--reuse-from", default=reuse_from,
+                    help="studies whose tuning-seed records of the same config are reused (comma-separated)")
+    ap.add_argument("--phase", choices=("tune", "all"), default="all",
+                    help="tune: the tuning rounds only; all: then the final seeds")
     ap.add_argument("--task-file", default=None)
-    ap.add_argument("--zoo-seed", type=int, default=0, help="the zoo build seed of every run (0: the shipped zoo)")
-    ap.add_argument("--zoo-seed-follows-seed", action="store_true",
-                    help="each run's zoo build seed is its own seed (the policies are built per seed, cached)")
+    ap.add_argument("--no-zoo-seed-follows-seed", dest="zoo_seed_follows_seed", action="store_false",
+                    help="every run on zoo build 0 (the first protocol's design; the plan asks for a build per seed)")
     return ap
 
 
