@@ -274,3 +274,16 @@ def test_a_non_canonical_sample_is_chunked_by_its_own_pieces():
     ch = score_chunks(TEXT, sampled, pieces, "", {EOS}, CHARS, "")
     assert not ch.canonical and ch.char_ends == (1, 2, 3, 5, 6, 8) and ch.student_bounds == (0, 1, 2, 3, 4, 5, 6)
     assert score_chunks(TEXT, sampled, pieces, "", {EOS}, CHARS, "") == ch  # deterministic: the check agrees
+
+
+def test_the_worker_queries_only_what_ctx_peers_needs_and_distill_gathers_the_rest():
+    """distill fetches its scores and the gate's window itself (its ``gather`` hook): the worker does
+    not query those kinds again for ``ctx.peers``, yet distill still counts as reading the peers
+    (two policies needed); a chain queries what its other steps read."""
+    from mutualrl.algorithms.registry import parse_strategy, register_strategy
+
+    d = parse_strategy("distill")
+    assert d.queries == frozenset() and d.reads == {"peer_score", "rollout"}
+    assert parse_strategy("imitate+distill").queries == {"verified_success"}
+    with pytest.raises(ValueError, match="without a gather hook"):
+        register_strategy("gathers_nothing", gathers=("rollout",))(lambda ctx, batch: None)

@@ -9,7 +9,10 @@ rest of mutualrl needs to know of it, so nothing outside the step's module names
 - ``rows``: the kinds of training rows it adds, each with the registered loss term that trains it
   (:mod:`mutualrl.algorithms.losses`), its per-token weights and, when the step wants one, the
   learning rate of an optimizer step of its own (:class:`RowKind`);
-- ``reads``: the record kinds it reads from the exchange (the learner queries exactly those);
+- ``reads``: the record kinds it reads from the peers' rows of this step's prompts (the worker
+  queries exactly those into ``ctx.peers``); ``gathers``: the kinds its ``gather`` hook fetches
+  itself (a window of earlier steps, scores of its own samples), which the worker does not query
+  again. Both count as reading the peers (a step with either needs two policies or more);
 - ``needs`` / ``provides`` / ``breaks``: properties of the batch (e.g. ``own_groups``: the own rows
   intact, in group order; ``pooled_advantages``: own advantages over a group pooled with peers,
   which at most one step may provide). A chain is put in an order where every step finds what it
@@ -130,6 +133,7 @@ class StrategyStep:
     peer_rollouts: Callable[[Any], int] | None = None
     gather: GatherFn | None = None
     serve: ServeFn | None = None
+    gathers: frozenset[str] = frozenset()
 
     def run(self, ctx: Any, batch: Any, settings: Any) -> None:
         """Apply the step (with its settings when it declares any)."""
@@ -163,7 +167,8 @@ def register_strategy(name: str, *, settings: type | None = None, rows: Mapping[
                       breaks: Sequence[str] = (), conflicts: Sequence[str] = (), description: str = "",
                       peer_rollouts: Callable[[Any], int] | None = None,
                       gather: GatherFn | None = None,
-                      serve: ServeFn | None = None) -> Callable[[StrategyFn], StrategyFn]:
+                      serve: ServeFn | None = None,
+                      gathers: Sequence[str] = ()) -> Callable[[StrategyFn], StrategyFn]:
     """Register a strategy step under ``name`` (usable in ``sharing.strategy``, chained with '+').
 
     ``settings`` is a dataclass (fields made with :func:`mutualrl.config.schema.bounded`) read from the
@@ -178,9 +183,11 @@ def register_strategy(name: str, *, settings: type | None = None, rows: Mapping[
     """
     if not _NAME.match(name):
         raise ValueError(f"strategy name {name!r} must be lower-case letters, digits and '_', starting with a letter")
-    bad = sorted(set(reads) - set(KINDS))
+    bad = sorted((set(reads) | set(gathers)) - set(KINDS))
     if bad:
         raise ValueError(f"strategy {name!r} reads unknown record kinds {bad}; known: {list(KINDS)}")
+    if gathers and gather is None:
+        raise ValueError(f"strategy {name!r} declares gathers={sorted(gathers)} without a gather hook to fetch them")
     if settings is not None and not dataclasses.is_dataclass(settings):
         raise ValueError(f"strategy {name!r}: settings must be a dataclass, got {settings!r}")
     rows = dict(rows or {})
@@ -197,7 +204,7 @@ def register_strategy(name: str, *, settings: type | None = None, rows: Mapping[
         _REGISTRY[name] = StrategyStep(name, fn, settings, rows, frozenset(reads), frozenset(needs),
                                        frozenset(provides), frozenset(breaks), frozenset(conflicts),
                                        description or _first_sentence(fn.__doc__), peer_rollouts, gather,
-                                       serve)
+                                       serve, frozenset(gathers))
         for kind in rows:
             _KIND_OWNER[kind] = name
         return fn
@@ -250,7 +257,14 @@ class Strategy:
 
     @property
     def reads(self) -> frozenset[str]:
-        """Record kinds to query from peers (empty: the learner reads nothing)."""
+        """Record kinds the steps read from peers, queried by the worker or gathered by a step
+        (empty: the learner reads nothing)."""
+        return frozenset().union(*(s.reads | s.gathers for s in self.steps))
+
+    @property
+    def queries(self) -> frozenset[str]:
+        """Record kinds the worker queries for this step's prompts into ``ctx.peers`` (what a
+        step's own ``gather`` hook fetches is not queried again)."""
         return frozenset().union(*(s.reads for s in self.steps))
 
     @property

@@ -322,9 +322,9 @@ class PolicyWorker(WorkerAPI):
         peers = PeerRows()
         t_q = 0.0
         untrusted_rows = 0
-        if self.strategy.reads:
+        if self.strategy.queries:
             tq = time.perf_counter()
-            rows = self.exchange.query([g.problem.id for g in groups], kinds=sorted(self.strategy.reads),
+            rows = self.exchange.query([g.problem.id for g in groups], kinds=sorted(self.strategy.queries),
                                        exclude_source=self.name, min_version=step - self.cfg.sharing.max_staleness)
             t_q = time.perf_counter() - tq
             # only the run's other policies are peers: rows under any other source name (a

@@ -237,7 +237,7 @@ def chunk_signal(text: str, sampled: Sequence[int], behavior: Sequence[float], s
     return out
 
 
-@register_strategy("distill", settings=DistillSettings, reads=(SCORE, ROLLOUT), needs=(OWN_GROUPS,),
+@register_strategy("distill", settings=DistillSettings, gathers=(SCORE, ROLLOUT), needs=(OWN_GROUPS,),
                    gather=_gather, serve=_serve)
 def distill(ctx: ShareContext, batch: TrainBatch, s: DistillSettings) -> None:
     """Dense peer scores: a better peer's chunk-level log-probs of the learner's own samples."""
