@@ -1,7 +1,9 @@
 """The learning studies' evidence as one table and one figure, from the committed study JSONs and
 their records alone (no training, seconds).
 
-For the zoo (``mutual``), the task mix (``mutual_taskmix``) and the real pair (``mutual_real_small``):
+For the zoo (``mutual``), the task mix (``mutual_taskmix``) and the real pair (``mutual_real_small``),
+each from ``<name>.json`` or, until the current protocol has written it, the first protocol's archive
+``<name>_protocol1.json`` (labelled so):
 per headline arm (the best sharing arm, the strongest baseline, every other baseline) the final test
 accuracy, the peers' share with its 95 % interval, trained tokens and FLOPs per policy against the
 best sharing arm, whether the arm is inside a 10 % match on every policy, and the target with its
@@ -36,11 +38,13 @@ def build(results: Path = RESULTS) -> tuple[str, list[dict]]:
     """The markdown table and the figure's panels of every study present in ``results``."""
     rows, panels = [], []
     for name, label, target in STUDIES:
-        path = results / f"{name}.json"
-        if not path.is_file():
-            print(f"skipped {name}: no {path}", file=sys.stderr)
+        found = [(n, t) for n, t in ((name, label), (f"{name}_protocol1", f"{label} (first protocol)"))
+                 if (results / f"{n}.json").is_file()]
+        if not found:
+            print(f"skipped {name}: neither {name}.json nor {name}_protocol1.json in {results}", file=sys.stderr)
             continue
-        study = json.loads(path.read_text())
+        name, label = found[0]
+        study = json.loads((results / f"{name}.json").read_text())
         runs = load_records(results / f"{name}_runs")
         rows += et.study_rows(label, study, runs, target)
         panels.append(et.figure_panel(label, study, target))

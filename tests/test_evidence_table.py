@@ -149,6 +149,17 @@ def test_missing_fields_read_na():
     assert "(reference)" not in et.markdown(rows) and "n/a" in et.markdown(rows)
 
 
+def test_no_baseline_inside_the_match(study):
+    result, runs = study
+    cut = {**result, "peers_share": {"best_sharing_arm": "share", "strongest_baseline": None,
+                                     "baselines_inside_match": []}}
+    rows = et.study_rows("syn", cut, runs, target=5.0)
+    assert rows[0]["arm"] == "share" and rows[0]["peers_share"] is None
+    assert rows[0]["target"]["reasons"] == ["no baseline inside the per-policy match"]
+    assert "**missed**" in et.markdown(rows)
+    assert et.figure_panel("syn", cut)["title"] == "syn"
+
+
 def test_replace_block():
     text = f"# t\n\nbefore\n{et.START}\nold table\n{et.END}\nafter\n"
     out = et.replace_block(text, "| new |\n")

@@ -127,8 +127,10 @@ def target_verdict(share: Mapping[str, Any] | None, target: float | None, baseli
     match unknown), fewer than ``min_seeds`` final seeds, no peers' share at all."""
     if target is None:
         return {"target": None, "met": None, "reasons": []}
-    if not share:
-        return {"target": target, "met": False, "reasons": ["no peers' share"]}
+    if not share or "mean" not in share or not share.get("ci95"):
+        why = ("no baseline inside the per-policy match" if share and "strongest_baseline" in share
+               and share["strongest_baseline"] is None else "no peers' share")
+        return {"target": target, "met": False, "reasons": [why]}
     lo = share["ci95"][0]
     reasons = []
     if not share["mean"] >= target:
@@ -177,8 +179,9 @@ def study_rows(label: str, study: Mapping[str, Any], runs: Sequence[Mapping[str,
             "seeds": list(t.get("seeds", [])), "test_acc": test.get("mean"), "test_acc_values": test.get("values", []),
             "peers_share": None, "ratios": ratios.get(arm, {}), "match": verdicts.get(arm), "target": None}
         if arm == best:
-            row["peers_share"] = {k: share[k] for k in ("mean", "ci95", "values", "seeds", "strongest_baseline")
-                                  if k in share}
+            if "mean" in share and share.get("ci95"):
+                row["peers_share"] = {k: share[k] for k in ("mean", "ci95", "values", "seeds", "strongest_baseline")
+                                      if k in share}
             row["target"] = target_verdict(share, target, verdicts.get(strong, {}).get("inside"), len(seeds))
         rows.append(row)
     return rows
@@ -257,7 +260,7 @@ def figure_panel(label: str, study: Mapping[str, Any], target: float | None = No
                                        "ci95": d["ci95"] if len(common) > 1 else [d["mean"], d["mean"]]}
         arms.append(entry)
     title = label + (f": peers' share {share['mean']:+.1f} [{share['ci95'][0]:+.1f}, {share['ci95'][1]:+.1f}]"
-                     if share else "")
+                     if share and "mean" in share and share.get("ci95") else "")
     return {"label": label, "title": title, "arms": arms, "strongest_baseline": strong, "target": target}
 
 
