@@ -6,7 +6,7 @@ control: a study definition on the library harness (:mod:`mutualrl.study`), the 
 
 Same design as ``benchmarks/mutual.py`` (the shipped zoo, 64 prompts x 8 samples, 300 steps,
 1,000 validation problems): the chosen GRPO settings, the ``self_imitate`` controls and the
-``imitate`` family are taken from ``results/mutual_runs/`` where a committed record of the same
+``imitate`` family are taken from ``results/mutual_protocol1_runs/`` (the first protocol's study) where a committed record of the same
 config exists (``reuse_from``, tuning seeds only), and the new candidates train:
 
 - ``distill``: the learner's own rows plus a better peer's chunk-level scores (defaults: weight 0.5,
@@ -27,7 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from _common import RESULTS
-from mutual import SUPERVISED, VAL_SIZE, control_candidates, independent_candidates, sharing_candidates
+from mutual import (
+    SUPERVISED,
+    VAL_SIZE,
+    grpo_arm,
+    imitate_arm,
+    self_imitate_arm,
+)
 
 from mutualrl.study import Arm, Study
 
@@ -57,7 +63,7 @@ def build_study(args: argparse.Namespace) -> Study:
 
     tune = [int(s) for s in args.tune_seeds.split(",")]
     return Study(args.name, base, Path(args.out), results=RESULTS, jobs=args.jobs, reuse=True,
-                 reuse_from=["mutual"], reuse_from_seeds=tune, final_seeds=tune)
+                 reuse_from=["mutual_protocol1"], reuse_from_seeds=tune, final_seeds=tune)
 
 
 def validation_table(study: Study, arms: list[Arm], seeds: list[int]) -> dict[str, Any]:
@@ -84,9 +90,12 @@ def validation_table(study: Study, arms: list[Arm], seeds: list[int]) -> dict[st
 def run(args: argparse.Namespace) -> None:
     study = build_study(args)
     tune = [int(s) for s in args.tune_seeds.split(",")]
-    ind = study.tune("independent", independent_candidates(), tune)
+    ind = study.tune("independent", [grpo_arm(1e-4, False), grpo_arm(2e-4, False), grpo_arm(3e-4, False),
+                                     grpo_arm(1e-4, True), grpo_arm(3e-4, True)], tune)
     grpo = ind.overrides["grpo"]
-    controls, sharing = control_candidates(grpo), sharing_candidates(grpo) + distill_candidates(grpo)
+    controls = [self_imitate_arm(grpo, 3e-4), self_imitate_arm(grpo, 1e-4)]
+    sharing = [imitate_arm(grpo, "plain", 3e-4), imitate_arm(grpo, "plain", 1e-4), imitate_arm(grpo, "replay4", 3e-4),
+               imitate_arm(grpo, "peer2", 3e-4)] + distill_candidates(grpo)
     study.run((a, s) for a in controls + sharing for s in tune)
     ctrl = study.tune("self_imitate", controls, tune)
     best = study.tune("sharing", sharing, tune)

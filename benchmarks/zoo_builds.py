@@ -2,7 +2,7 @@
 ``examples/zoo_taskmix.yaml`` at build seeds 1-3, each policy built into a fresh temporary folder.
 
     python benchmarks/zoo_builds.py [--seeds 1,2,3,4,5] [--taskmix-seeds 1,2,3] [--zoos default,taskmix]
-                                    [--jobs 2] [--timeout 3600] [--name zoo_builds] [--dry-run]
+                                    [--jobs 2] [--timeout 3600] [--name zoo_builds] [--dry-run] [--keep]
                                     [--set stall_patience=0 --set stall_restarts=0 ...]
 
 Each build is ``build_zoo([policy], seed, cache_dir=<fresh temporary folder>, jobs=1, shipped=False)``
@@ -91,6 +91,8 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
             d = build_zoo([job["policy"]], seed=job["seed"], cache_dir=cache, progress=False, specs=specs, task=task,
                           jobs=1, shipped=False)[job["policy"]]
             card = load_card(d)
+            if job.get("keep"):
+                row["kept_at"] = str(keep(d, job["policy"], job["seed"], spec, task))
         except ZooBandError as exc:
             det = exc.details
             return {**row, "landed": False, "wall_s": time.perf_counter() - t0, "error": str(exc),
@@ -105,6 +107,24 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
             "build_s": card["build_s"], "sft_s": card["sft_s"], "check_s": card["sft_check_s"],
             "steering_checks": len(card["sft_steering"]), "lr_scale_final": card["sft_lr_scale_final"],
             "weights_sha256": card["weights_sha256"], "zoo_version": card["zoo_version"]}
+
+
+def keep(built: Path, name: str, seed: int, spec: Any, task: Any) -> Path:
+    """Copy a landed build into the zoo cache where ``build_zoo`` looks for it (the studies' fresh
+    build per seed then loads it instead of building it again: the builds are deterministic per CPU
+    kind, so the copy is the build they would make); a build there already is left as it is."""
+    import shutil
+
+    from mutualrl.zoo.build import is_built, policy_dir
+
+    dest = policy_dir(name, seed, None, spec, task)
+    if not is_built(dest):
+        tmp = dest.with_name(dest.name + f".keep-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(built, tmp)
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    return dest
 
 
 def run_child(job: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -168,6 +188,8 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="print the builds and write nothing")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="change a ZooSpec field of every policy built (repeatable; value as JSON)")
+    ap.add_argument("--keep", action="store_true",
+                    help="copy each landed build into the zoo cache, where the studies' per-seed builds load it")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -178,6 +200,8 @@ def main() -> None:
         ap.error(f"--zoos takes default and/or taskmix (got {sorted(unknown)}); --jobs must be >= 1")
     changes = parse_set(args.set)
     jobs = [{**j, "set": changes} for j in plan(args)] if changes else plan(args)
+    if args.keep and not changes:  # a build with changed specs is not the one a study loads
+        jobs = [{**j, "keep": True} for j in jobs]
     check(args.zoos.split(","), changes)
     if args.dry_run:
         for j in jobs:

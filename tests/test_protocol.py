@@ -49,6 +49,39 @@ def test_no_warm_start_trains_on_a_test_or_validation_question(build_seed):
     assert _questions(sft_val) == _questions(run.split("val"))
 
 
+def test_a_fresh_held_out_split_is_disjoint_from_every_earlier_split_and_warm_start():
+    """``heldout_seed`` draws a test split none of the seed-0 splits holds (nor any zoo warm start's
+    data); training and validation stay the seed-0 ones; with ``val_like_test`` validation comes from
+    the same fresh pool, disjoint from test."""
+    base = {"preset": "zoo", "test_size": 1000, "val_size": 1000}  # the studies' sizes
+    old = build_task_for_seed(1)  # the seed-0 splits every earlier run and warm start used
+    new = build_task(TaskConfig(**base, heldout_seed=7))
+    assert new.heldout_check([old]) == {"val/0": 1000, "test/0": 0}  # validation kept (seed 0's), test fresh
+    kept = build_task(TaskConfig(**base))
+    assert new.split("train") == kept.split("train") and new.split("val") == kept.split("val")
+    sft_train, sft_val = warm_start_split(old, ZOO["gpt2-add"].bands)
+    assert not (_questions(sft_train) | _questions(sft_val)) & _questions(new.split("test"))
+    both = build_task(TaskConfig(**base, heldout_seed=7, val_like_test=True))
+    assert both.heldout_check([old]) == {"val/0": 0, "test/0": 0}
+    assert not _questions(both.split("val")) & _questions(both.split("test"))
+    assert {k: len(v) for k, v in both.split("val").items()} == {"add": 500, "sub": 500}
+    assert [p.id for p in both.problems("test")] != [p.id for p in new.problems("test")]  # cut at random
+
+
+def test_a_fresh_split_the_problem_space_cannot_fill_is_refused_by_name():
+    from mutualrl.config.resolve import load_config
+    from mutualrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="task.heldout_seed"):
+        load_config({"policies": [{"name": "a", "model": "zoo:gpt2-add"}],
+                     "task": {"preset": "zoo", "heldout_seed": 0}}, check_paths=False)
+    with pytest.raises(ConfigError, match="task.val_like_test"):
+        load_config({"policies": [{"name": "a", "model": "zoo:gpt2-add"}],
+                     "task": {"preset": "zoo", "val_like_test": True}}, check_paths=False)
+    with pytest.raises(ValueError, match="outside the earlier splits"):  # 8,100 sums, nearly all drawn already
+        build_task(TaskConfig(preset="zoo", test_size=4000, train_size=20000, heldout_seed=3))
+
+
 def test_with_a_validation_split_the_test_split_is_read_once_at_the_end(tiny_config):
     from mutualrl.run.trainer import MutualTrainer
 
@@ -263,6 +296,39 @@ def test_the_compute_match_is_reported_per_seed_and_per_policy(tmp_path):
     assert cm["trained_tokens_per_policy"] == {"a": {"mean": 1.5, "values": [1.5, 1.5]},
                                                "b": {"mean": 0.5, "values": [0.5, 0.5]}}
     assert cm["every_seed_and_policy_within_10_percent"] is False
+
+
+def test_the_headline_inside_the_match_takes_the_strongest_baseline_matched_on_every_policy(tmp_path):
+    """A baseline stronger on validation but trained on less (tokens, optimizer steps or FLOPs, on one
+    policy is enough) is outside the match: the peers' share inside the match is taken against the
+    strongest baseline within 10 % on every seed and policy, and its compute match says so."""
+    import json
+
+    from mutualrl.study.aggregate import aggregate
+
+    runs = tmp_path / "s_runs"
+    runs.mkdir()
+    spent = {"share": (100, 2, 1e9), "strong": (100, 2, 5e8), "matched": (95, 2, 1.05e9), "weak": (60, 1, 6e8)}
+    accs = {"share": (0.70, 0.70), "strong": (0.66, 0.65), "matched": (0.62, 0.60), "weak": (0.5, 0.5)}
+    for arm, (tok, opt, flops) in spent.items():
+        for seed in (1, 2, 3):
+            val, test = accs[arm]
+            rec = {"arm": arm, "family": arm, "role": "sharing" if arm == "share" else "baseline", "seed": seed,
+                   "overrides": {}, "strategy": "x", "policies": ["a", "b"], "wall_s": 1.0, "git_rev": "r",
+                   "evals": [{"policy": p, "step": 4, "val_acc": val, "test_acc": test + 0.01 * seed} for p in "ab"],
+                   "steps": [{"policy": p, "step": 1, "train_tokens": tok, "optimizer_steps": opt, "gen_tokens": 5,
+                              "flops_sampling": flops / 2, "flops_scoring": 0.0,
+                              "flops_update": flops / 2 * (1.5 if arm == "strong" and p == "b" else 1.0)}
+                             for p in "ab"]}
+            (runs / f"{arm}-seed{seed}.json").write_text(json.dumps(rec))
+    out = aggregate(tmp_path, "s", list(spent))
+    assert out["peers_share"]["strongest_baseline"] == "strong"  # the plain headline: strongest on validation
+    assert out["compute_match"]["every_seed_and_policy_within_10_percent"] is False  # FLOPs 2x / 1.6x
+    assert out["compute_match"]["flops_per_policy"]["a"]["values"] == [2.0, 2.0, 2.0]
+    inside = out["peers_share_inside_match"]
+    assert inside["baselines_inside_match"] == ["matched"] and inside["strongest_baseline"] == "matched"
+    assert abs(inside["mean"] - 10.0) < 1e-9 and inside["compute_match"]["every_seed_and_policy_within_10_percent"]
+    assert out["arms"]["share"]["per_policy_compute"]["a"]["optimizer_steps"] == 2
 
 
 @pytest.mark.parametrize("types", [["add", "mul"], ["mul", "add"]])

@@ -62,6 +62,14 @@ class TaskConfig(Freezable):
     evaluations read test)."""
     seed: int = 0
     """Seed of the splits: which problems are train, validation and test."""
+    heldout_seed: int | None = None
+    """Draw a fresh test split with this seed from problems none of the ``seed`` splits holds (its
+    train, validation and test lists): a test no run or warm start on those splits has read. Training
+    keeps the ``seed`` training list. None: the ``seed`` test split."""
+    val_like_test: bool = False
+    """With ``heldout_seed`` and ``val_size``: draw validation with the fresh test from one pool, cut
+    at random per source, so validation is distributed like test (instead of the training list's tail,
+    which can lack what the test draw used up of a small problem space)."""
     prompt_seed: int | None = None
     """Seed of the training prompt stream (which training problems each step draws); none: the
     run's ``seed``, so runs of different seeds see different prompts on the same splits."""
@@ -85,6 +93,13 @@ def check_task(t: TaskConfig) -> None:
     check_bounds(t, "task")
     if t.preset not in (None, "zoo"):
         raise ConfigError("task.preset", f"expected 'zoo' or nothing, got {t.preset!r}")
+    if t.heldout_seed is not None and (isinstance(t.heldout_seed, bool) or not isinstance(t.heldout_seed, int)
+                                       or t.heldout_seed < 0 or t.heldout_seed == t.seed):
+        raise ConfigError("task.heldout_seed", f"expected a seed (an integer >= 0) other than task.seed "
+                          f"({t.seed}), got {t.heldout_seed!r}")
+    if t.val_like_test and (t.heldout_seed is None or not t.val_size):
+        raise ConfigError("task.val_like_test", "draws validation with the fresh test split: set task.heldout_seed "
+                          "and task.val_size too, or val_like_test: false")
     if t.preset is None and not t.datasets:
         raise ConfigError("task.datasets", "give at least one dataset (name: <reasoning-gym dataset> or path: FILE), "
                           "or set task.preset: zoo")

@@ -34,14 +34,16 @@ PROTOCOL = {
     "interval": "paired differences per seed (same seed: same prompts, same test problems), mean, sample sd "
                 "and the 95 % t interval over seeds",
     "compute": "trained tokens (completion tokens of every training row, each optimizer phase counted), "
-               "optimizer steps and sampled tokens per run, both policies",
+               "optimizer steps, sampled tokens and FLOPs (sampling, scoring, update) per run and per policy; a "
+               "baseline is inside the match when each policy's trained tokens, optimizer steps and FLOPs are "
+               "within 10 % of the best sharing arm's on every seed",
     "provenance": "each run's compact metrics and training revision in <study>_runs/; this file is "
                   "aggregated from them alone",
 }
 """How every figure of a study's JSON was made (written into it)."""
 
 AGGREGATE_KEYS = ("final_seeds", "arms", "peers_share", "pairwise", "compute_match", "efficiency", "matched_sharing",
-                  "arms_on_fewer_seeds", "on_common_seeds")
+                  "arms_on_fewer_seeds", "on_common_seeds", "peers_share_inside_match")
 """The keys of a study's JSON that :func:`aggregate` computes (the rest describe the run that wrote it)."""
 
 
@@ -122,25 +124,31 @@ def arm_summary(runs: Sequence[Mapping[str, Any]], arm: str, seeds: Sequence[int
     val = [evidence.final_accuracy(r, "val") for r in rs]
     spent = [evidence.compute_spent(r) for r in rs]
     per_pol = [evidence.final_per_policy(r, "test") for r in rs]
+    by_pol = [evidence.compute_by_policy(r) for r in rs]
     return {"role": rs[0]["role"], "family": rs[0]["family"], "strategy": rs[0]["strategy"],
             "overrides": rs[0]["overrides"], "seeds": [r["seed"] for r in rs],
             "test_final": summary(test), "val_final": summary(val),
             "per_policy_test_final": {p: {k: statistics.fmean(x[p][k] for x in per_pol) for k in per_pol[0][p]}
                                       for p in per_pol[0]},
             **{k: summary([s.get(k, 0.0) for s in spent]) for k in spent[0]},
+            "per_policy_compute": {p: {k: statistics.fmean(x[p].get(k, 0.0) for x in by_pol) for k in by_pol[0][p]}
+                                   for p in by_pol[0]},
             "git_revs": sorted({str(r.get("git_rev")) for r in rs})}
 
 
 def compute_ratios(runs: Sequence[Mapping[str, Any]], table: Mapping[str, Mapping[str, Any]], arm: str,
                    baseline: str) -> dict[str, Any]:
     """``arm``'s compute over ``baseline``'s: the means' ratios of trained tokens, optimizer steps,
-    sampled tokens and (where both arms' runs counted them) FLOPs in all and of scoring, and the
-    trained tokens' ratio per seed and per policy."""
+    sampled tokens and (where both arms' runs counted them) FLOPs in all and of scoring; the trained
+    tokens' ratio per seed; and per policy and seed, the ratios of trained tokens, optimizer steps and
+    FLOPs (``<key>_per_policy``)."""
     tok = evidence.token_ratios(runs, arm, baseline)
+    by_policy = evidence.policy_ratios(runs, arm, baseline)
     keys = ["trained_tokens", "optimizer_steps", "sampled_tokens"]
     keys += [k for k in ("flops", "flops_scoring") if k in table[arm] and k in table[baseline]]
     return {**{k: table[arm][k]["mean"] / max(table[baseline][k]["mean"], 1e-9) for k in keys},
-            "trained_tokens_per_seed": tok["per_seed"], "trained_tokens_per_policy": tok["per_policy"]}
+            "trained_tokens_per_seed": tok["per_seed"],
+            **{f"{k}_per_policy": by_policy[k] for k in evidence.MATCH_KEYS if k in by_policy}}
 
 
 def _headline(sel: Sequence[Mapping[str, Any]], table: Mapping[str, Mapping[str, Any]], share: Sequence[str],
@@ -152,14 +160,23 @@ def _headline(sel: Sequence[Mapping[str, Any]], table: Mapping[str, Mapping[str,
     strong = out["peers_share"]["strongest_baseline"] if out["peers_share"] else None
     best = out["peers_share"]["best_sharing_arm"] if out["peers_share"] else None
     if strong and best:
-        cm = compute_ratios(sel, table, best, strong)
-        per_run = [*cm["trained_tokens_per_seed"],
-                   *(v for p in cm["trained_tokens_per_policy"].values() for v in p["values"])]
-        out["compute_match"] = {
-            **cm, "within_10_percent": all(abs(cm[k] - 1) <= 0.10 for k in ("trained_tokens", "optimizer_steps", "flops")
-                                           if k in cm),
-            "every_seed_and_policy_within_10_percent": all(abs(x - 1) <= 0.10 for x in per_run)}
+        out["compute_match"] = match_summary(compute_ratios(sel, table, best, strong))
+        matched = evidence.matched_peers_share(sel, share, base)
+        if matched is not None:
+            if matched.get("strongest_baseline"):
+                matched["compute_match"] = match_summary(compute_ratios(sel, table, best, matched["strongest_baseline"]))
+            out["peers_share_inside_match"] = matched
     return out
+
+
+def match_summary(cm: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`compute_ratios` with its verdicts: ``within_10_percent`` on the means (trained tokens,
+    optimizer steps, FLOPs) and ``every_seed_and_policy_within_10_percent`` (each policy's ratios of
+    the three on every seed, and the pair's trained tokens per seed)."""
+    per_run = [*cm["trained_tokens_per_seed"],
+               *(v for k in evidence.MATCH_KEYS for p in cm.get(f"{k}_per_policy", {}).values() for v in p["values"])]
+    return {**cm, "within_10_percent": all(abs(cm[k] - 1) <= 0.10 for k in evidence.MATCH_KEYS if k in cm),
+            "every_seed_and_policy_within_10_percent": bool(per_run) and all(abs(x - 1) <= 0.10 for x in per_run)}
 
 
 def comparisons(runs: Sequence[Mapping[str, Any]], roles: Mapping[str, str], arms: Sequence[str],
@@ -260,8 +277,17 @@ def table_lines(result: Mapping[str, Any]) -> list[str]:
     if cm and "trained_tokens_per_policy" in cm:
         seeds = ", ".join(f"{x:.2f}" for x in cm["trained_tokens_per_seed"])
         pols = ", ".join(f"{p} {v['mean']:.2f}" for p, v in cm["trained_tokens_per_policy"].items())
+        flops = ", ".join(f"{p} {v['mean']:.2f}" for p, v in cm.get("flops_per_policy", {}).items())
         lines.append(f"compute: trained tokens x{cm['trained_tokens']:.2f} (per seed {seeds}; per policy {pols}), "
-                     f"optimizer steps x{cm['optimizer_steps']:.2f}")
+                     f"optimizer steps x{cm['optimizer_steps']:.2f}" + (f", FLOPs per policy {flops}" if flops else "")
+                     + f"; every seed and policy within 10 %: {cm.get('every_seed_and_policy_within_10_percent')}")
+    inside = result.get("peers_share_inside_match")
+    if inside and inside.get("strongest_baseline"):
+        values = ", ".join(f"{v:+.1f}" for v in inside["values"])
+        lines.append(_interval(f"peers' share inside the match: {inside['best_sharing_arm']} - "
+                               f"{inside['strongest_baseline']}", inside, f" per seed {values}"))
+    elif inside:
+        lines.append(f"no baseline is inside the match of {inside['best_sharing_arm']} on every seed and policy")
     for a, cmp in result.get("matched_sharing", {}).items():
         v = cmp["vs_strongest_baseline"]
         lines.append(_interval(f"compute-matched sharing {a} - {v['baseline']}", v,

@@ -86,13 +86,55 @@ def compute_spent(run: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+MATCH_KEYS: tuple[str, ...] = ("trained_tokens", "optimizer_steps", "flops")
+"""What a compute match holds within 10 %, per seed and policy: trained tokens, optimizer steps and
+FLOPs in all (sampling, scoring and update; where both runs counted them)."""
+
+
+def compute_by_policy(run: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """What the run spent per policy: trained tokens, optimizer steps and (where the run counted them)
+    FLOPs in all and by phase."""
+    out: dict[str, dict[str, float]] = {}
+    for s in run["steps"]:
+        if "policy" not in s:
+            continue
+        d = out.setdefault(s["policy"], {"trained_tokens": 0.0, "optimizer_steps": 0.0})
+        d["trained_tokens"] += float(s.get("train_tokens", 0))
+        d["optimizer_steps"] += float(s.get("optimizer_steps", 0))
+        if "flops_update" in s:
+            for phase in ("sampling", "scoring", "update"):
+                d[f"flops_{phase}"] = d.get(f"flops_{phase}", 0.0) + float(s.get(f"flops_{phase}", 0.0))
+            d["flops"] = d["flops_sampling"] + d["flops_scoring"] + d["flops_update"]
+    return out
+
+
 def tokens_by_policy(run: Mapping[str, Any]) -> dict[str, float]:
     """The run's trained tokens per policy (each optimizer phase counted)."""
-    out: dict[str, float] = {}
-    for s in run["steps"]:
-        if "policy" in s:
-            out[s["policy"]] = out.get(s["policy"], 0.0) + float(s.get("train_tokens", 0))
-    return out
+    return {p: d["trained_tokens"] for p, d in compute_by_policy(run).items()}
+
+
+def policy_ratios(runs: Sequence[Mapping[str, Any]], arm: str, baseline: str) -> dict[str, Any]:
+    """``arm``'s compute over ``baseline``'s per policy, per seed both ran, for each of
+    :data:`MATCH_KEYS` both counted: ``{key: {policy: {mean, values}}}``, with ``seeds``."""
+    mine = {int(r["seed"]): r for r in runs if r["arm"] == arm}
+    theirs = {int(r["seed"]): r for r in runs if r["arm"] == baseline}
+    seeds = sorted(set(mine) & set(theirs))
+    out: dict[str, dict[str, list[float]]] = {}
+    for s in seeds:
+        a, b = compute_by_policy(mine[s]), compute_by_policy(theirs[s])
+        for p, spent in a.items():
+            for k in MATCH_KEYS:
+                if k in spent and b.get(p, {}).get(k):
+                    out.setdefault(k, {}).setdefault(p, []).append(spent[k] / b[p][k])
+    return {"seeds": seeds, **{k: {p: {"mean": statistics.fmean(v), "values": v} for p, v in by_p.items()}
+                               for k, by_p in out.items()}}
+
+
+def inside_match(ratios: Mapping[str, Any], within: float = 0.10) -> bool:
+    """Whether every per-seed, per-policy ratio of :func:`policy_ratios` lies within ``within`` of 1
+    (and there is one to judge: tokens and optimizer steps at least)."""
+    values = [v for k in MATCH_KEYS for p in ratios.get(k, {}).values() for v in p["values"]]
+    return bool(values) and "trained_tokens" in ratios and all(abs(v - 1) <= within for v in values)
 
 
 def token_ratios(runs: Sequence[Mapping[str, Any]], arm: str, baseline: str) -> dict[str, Any]:
@@ -104,14 +146,8 @@ def token_ratios(runs: Sequence[Mapping[str, Any]], arm: str, baseline: str) -> 
     seeds = sorted(set(mine) & set(theirs))
     per_seed = {s: compute_spent(mine[s])["trained_tokens"] / max(compute_spent(theirs[s])["trained_tokens"], 1e-9)
                 for s in seeds}
-    per_policy: dict[str, list[float]] = {}
-    for s in seeds:
-        a, b = tokens_by_policy(mine[s]), tokens_by_policy(theirs[s])
-        for p in a:
-            if b.get(p):
-                per_policy.setdefault(p, []).append(a[p] / b[p])
-    return {"seeds": seeds, "per_seed": [per_seed[s] for s in seeds],
-            "per_policy": {p: {"mean": statistics.fmean(v), "values": v} for p, v in per_policy.items()}}
+    per_policy = policy_ratios(runs, arm, baseline).get("trained_tokens", {})
+    return {"seeds": seeds, "per_seed": [per_seed[s] for s in seeds], "per_policy": per_policy}
 
 
 def by_seed(runs: Iterable[Mapping[str, Any]], arm: str, split: str = "test") -> dict[int, float]:
@@ -150,4 +186,22 @@ def peers_share(runs: Sequence[Mapping[str, Any]], sharing: Iterable[str], basel
         return None
     out = paired(runs, best, base)
     return {"best_sharing_arm": best, "strongest_baseline": base, "chosen_by": "validation accuracy",
+            **{k: v for k, v in out.items() if k not in ("arm", "baseline")}}
+
+
+def matched_peers_share(runs: Sequence[Mapping[str, Any]], sharing: Iterable[str], baselines: Iterable[str],
+                        within: float = 0.10) -> dict[str, Any] | None:
+    """The peers' share against the strongest baseline *inside the match*: of the ``baselines`` whose
+    compute lies within ``within`` of the best sharing arm's on every seed and policy (trained tokens,
+    optimizer steps, FLOPs: :func:`inside_match`), the one best on validation; None when none is."""
+    best = strongest(runs, sharing)
+    if best is None:
+        return None
+    inside = [b for b in baselines if inside_match(policy_ratios(runs, best, b), within)]
+    base = strongest(runs, inside)
+    if base is None:
+        return {"best_sharing_arm": best, "baselines_inside_match": [], "strongest_baseline": None}
+    out = paired(runs, best, base)
+    return {"best_sharing_arm": best, "strongest_baseline": base, "baselines_inside_match": inside,
+            "chosen_by": "validation accuracy, among the baselines inside the match",
             **{k: v for k, v in out.items() if k not in ("arm", "baseline")}}

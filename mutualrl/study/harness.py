@@ -75,6 +75,9 @@ class Arm:
     family: str
     role: str
     overrides: dict[str, Any] = field(default_factory=dict)
+    seed_overrides: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Further overrides of one seed's run, merged last (a compute-matched control's per-policy token
+    budget, read from the sharing arm's run of the same seed)."""
 
 
 @dataclass
@@ -153,7 +156,7 @@ class Study:
     def config(self, arm: Arm, seed: int) -> dict[str, Any]:
         """The run config of ``arm`` on ``seed``: the base config with the arm's overrides; the prompt
         stream follows the run's seed."""
-        cfg = deep_merge(self.base_config(seed), arm.overrides)
+        cfg = deep_merge(deep_merge(self.base_config(seed), arm.overrides), arm.seed_overrides.get(seed, {}))
         cfg["seed"] = seed
         cfg.setdefault("task", {}).pop("prompt_seed", None)
         return cfg
@@ -286,6 +289,22 @@ class Study:
         runs = self.records(arm, seeds)
         return {p: statistics.fmean(s.get(key, 0) for r in runs for s in r["steps"] if s["policy"] == p)
                 for p in runs[0]["policies"]}
+
+    def policy_budget(self, arm: Arm, seed: int, key: str = "train_tokens") -> dict[str, int]:
+        """Per policy, the mean of step metric ``key`` over ``arm``'s run on ``seed`` (its record), rounded:
+        the per-step budget a control matched on that run takes (:meth:`matched_overrides`)."""
+        return {p: round(v) for p, v in self.per_step_by_policy(arm, [seed], key).items()}
+
+    def matched_overrides(self, seed: int, step: str, budget: Mapping[str, int]) -> dict[str, Any]:
+        """Overrides giving each policy of the base config its own ``sharing.<step>.match_tokens`` from
+        ``budget`` (policy name -> tokens a step): per-policy overrides, merged into the policies list."""
+        pols = [dict(p) for p in self.base_config(seed)["policies"]]
+        missing = [p["name"] for p in pols if p["name"] not in budget]
+        if missing:
+            raise StudyError(f"no token budget for {', '.join(missing)} (budgets for {', '.join(budget)})")
+        for p in pols:
+            p["sharing"] = deep_merge(p.get("sharing", {}), {step: {"match_tokens": int(budget[p["name"]])}})
+        return {"policies": pols}
 
     def per_step(self, arm: Arm, seeds: Sequence[int], key: str) -> float:
         """The mean of step metric ``key`` of ``arm`` per policy and step (from its records)."""

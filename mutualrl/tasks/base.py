@@ -147,6 +147,29 @@ class RewardStats:
                 "reward_fn_timed_out": self.timed_out}
 
 
+FRESH_DRAWS = 6
+"""Draws :func:`fresh_problems` makes, each four times the one before, before it gives up."""
+
+
+def fresh_problems(src: Source, n: int, seed: int, seen: set[str]) -> list[Problem]:
+    """``n`` distinct problems of ``src`` whose question is not in ``seen``, deterministic in ``seed``:
+    generated in draws of growing size until enough lie outside ``seen`` (or a draw comes back short of
+    distinct problems: the space is used up). Raises ``ValueError`` naming
+    the source and how many it found when its problem space has too few left."""
+    want = max(4 * n, 64)
+    found: list[Problem] = []
+    for _ in range(FRESH_DRAWS):
+        drawn = src.generate("test", want, seed)
+        found = [p for p in drawn if p.question not in seen]
+        if len(found) >= n:
+            return found[:n]
+        if len(drawn) < want:  # the draw held every distinct problem there is: a larger one finds no more
+            break
+        want *= 4
+    raise ValueError(f"source {src.name!r} has {len(found)} problems outside the earlier splits, {n} asked "
+                     "for the fresh held-out split; use a smaller test_size / val_size, or a larger problem space")
+
+
 class Task:
     """A weighted mixture of sources with disjoint train, validation and test splits.
 
@@ -157,6 +180,14 @@ class Task:
     The splits depend on ``seed`` only; the order training prompts are drawn in depends on
     ``prompt_seed`` (default ``seed``), so runs of different seeds can see different prompt streams
     on the same splits.
+
+    ``heldout_seed`` draws *fresh* held-out problems instead: per source, problems that none of the
+    ``seed`` splits holds (its test, training and validation lists, so nothing a run or a warm start
+    on those splits trained, chose or was tested on), generated with this seed. They become the test
+    split; with ``val_like_test`` the validation split too, the pool cut at random into the two, so
+    validation is distributed like test, source by source (the tail of the training list can lack
+    what the test draw used up of a small problem space). Training keeps the ``seed`` training list
+    (minus the validation tail when validation stays there).
     """
 
     reward_range: tuple[float, float] = (0.0, 1.0)
@@ -175,6 +206,8 @@ class Task:
         reward: str = "score",
         val_size: int = 0,
         prompt_seed: int | None = None,
+        heldout_seed: int | None = None,
+        val_like_test: bool = False,
     ) -> None:
         if len(sources) != len(weights) or not sources:
             raise ValueError("need one weight per source and at least one source")
@@ -202,18 +235,43 @@ class Task:
             train = [p for p in src.generate("train", n_train, self.split_seed(seed, i, "train"))
                      if p.question not in test_q]
             n_val = round(val_size * self.weights[i]) if val_size else 0
-            if len(train) - n_val < 1:
-                raise ValueError(f"source {src.name!r} has no training problems left after removing "
-                                 f"the test{' and validation' if n_val else ''} questions; use a larger problem "
-                                 "space or a smaller test_size" + (" / val_size" if n_val else ""))
-            val = train[len(train) - n_val:] if n_val else []
+            if heldout_seed is not None:
+                pool = fresh_problems(src, n_test + (n_val if val_like_test else 0),
+                                      self.split_seed(heldout_seed, i, "test"),
+                                      test_q | {p.question for p in train})
+                if val_like_test:
+                    random.Random(f"{heldout_seed}:{i}:cut").shuffle(pool)
+                    test, val = pool[:n_test], pool[n_test:]
+                else:
+                    test = pool
+                    val = train[len(train) - n_val:] if n_val else []
+                    train = train[:len(train) - n_val]
+            else:
+                if len(train) - n_val < 1:
+                    raise ValueError(f"source {src.name!r} has no training problems left after removing "
+                                     f"the test{' and validation' if n_val else ''} questions; use a larger problem "
+                                     "space or a smaller test_size" + (" / val_size" if n_val else ""))
+                val = train[len(train) - n_val:] if n_val else []
+                train = train[:len(train) - n_val]
             self.test[src.name] = test
             self.val[src.name] = val
-            self.train[src.name] = train[:len(train) - n_val]
+            self.train[src.name] = train
             for p in test + val + self.train[src.name]:
                 self._by_id[p.id] = p
 
     # -- problems
+    def heldout_check(self, earlier: Sequence[Task]) -> dict[str, int]:
+        """How many of this task's validation and test questions each of the ``earlier`` tasks (other
+        split seeds of the same sources) holds in any of its splits, by ``<split>/<earlier seed>``
+        (zeros: disjoint)."""
+        mine = {s: {p.question for ps in self.split(s).values() for p in ps} for s in ("val", "test")}
+        out: dict[str, int] = {}
+        for other in earlier:
+            theirs = {p.question for s in SPLITS for ps in other.split(s).values() for p in ps}
+            for s, qs in mine.items():
+                out[f"{s}/{other.seed}"] = len(qs & theirs)
+        return out
+
     @staticmethod
     def split_seed(seed: int, position: int, split: str) -> int:
         """The generation seed of the ``split`` ("test" or "train"; validation is the tail of train)

@@ -33,7 +33,8 @@ def build_task(t: TaskConfig, sources: list[Source] | None = None, *, run_seed: 
                 answer_extraction=t.answer_extraction,
                 reward_functions=[load_reward_function(p) for p in t.reward_functions],
                 reward_timeout_s=t.reward_timeout_s, reward=t.reward, val_size=t.val_size,
-                prompt_seed=t.prompt_seed if t.prompt_seed is not None else run_seed)
+                prompt_seed=t.prompt_seed if t.prompt_seed is not None else run_seed,
+                heldout_seed=t.heldout_seed, val_like_test=t.val_like_test)
 
 
 def build_source(d: DatasetConfig) -> Source:
