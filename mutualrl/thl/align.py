@@ -16,7 +16,7 @@ so aligning costs a small fraction of encoding.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -56,6 +56,7 @@ class Chunk:
         return f"{left}:{right}"
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class Alignment:
     """Chunk alignment between a source and a target tokenization of ``text``.
 
@@ -64,40 +65,17 @@ class Alignment:
     tokens ``source_bounds[k]:source_bounds[k+1]`` and likewise on the target side.
     """
 
-    __slots__ = (
-        "_chunks",
-        "_residual",
-        "_source_tok",
-        "_target_tok",
-        "char_bounds",
-        "source",
-        "source_bounds",
-        "target",
-        "target_bounds",
-        "text",
-    )
-
-    def __init__(
-        self,
-        text: str,
-        source: Encoded,
-        target: Encoded,
-        char_bounds: np.ndarray,
-        source_bounds: np.ndarray,
-        target_bounds: np.ndarray,
-        source_tokenizer: Any = None,
-        target_tokenizer: Any = None,
-    ) -> None:
-        self.text = text
-        self.source = source
-        self.target = target
-        self.char_bounds = char_bounds
-        self.source_bounds = source_bounds
-        self.target_bounds = target_bounds
-        self._source_tok = source_tokenizer
-        self._target_tok = target_tokenizer
-        self._residual: Residual | None = None
-        self._chunks: list[Chunk] | None = None
+    text: str
+    source: Encoded
+    target: Encoded
+    char_bounds: np.ndarray
+    source_bounds: np.ndarray
+    target_bounds: np.ndarray
+    source_tokenizer: Any = None
+    """The tokenizers the two sides came from (for the residual's decoding; optional)."""
+    target_tokenizer: Any = None
+    _residual: Residual | None = field(default=None, init=False)
+    _chunks: list[Chunk] | None = field(default=None, init=False)
 
     # ------------------------------------------------------------------ structure
     @property
@@ -164,7 +142,7 @@ class Alignment:
         tokenizers report round-trip fields as ``None``.
         """
         if self._residual is None:
-            self._residual = compute_residual(self, self._source_tok, self._target_tok)
+            self._residual = compute_residual(self, self.source_tokenizer, self.target_tokenizer)
         return self._residual
 
     def exact(self) -> np.ndarray:
@@ -183,7 +161,7 @@ class Alignment:
         keep = np.concatenate(([True], keep_inner, [True]))
         out = Alignment(self.text, self.source, self.target, self.char_bounds[keep],
                         self.source_bounds[keep], self.target_bounds[keep],
-                        self._source_tok, self._target_tok)
+                        self.source_tokenizer, self.target_tokenizer)
         return out
 
     def __repr__(self) -> str:
