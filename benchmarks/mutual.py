@@ -38,7 +38,7 @@ its compute (``peers_share``), on test, per seed, with 95 % intervals.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ GRID_NEXT = {1e-4: 2e-4, 2e-4: 3e-4, 3e-4: 5e-4, 5e-4: 8e-4, 8e-4: 1.3e-3, 1.3e-
 MAX_EXTENSIONS = 3
 
 
-def _lr_name(lr: float) -> str:
+def lr_name(lr: float) -> str:
     """``3e-4``, ``1.3e-3``: the names the first protocol gave its rates."""
     mantissa, exp = f"{lr:.1e}".split("e")
     return f"{mantissa.removesuffix('.0')}e{int(exp)}"
@@ -68,12 +68,12 @@ def grpo_arm(lr: float, rs: bool) -> Arm:
     grpo: dict[str, Any] = {} if lr == 1e-4 else {"learning_rate": lr, "warmup_steps": 30}
     if rs:
         grpo |= {"dynamic_sampling": "resample", "max_resample_rounds": 1}
-    name = "independent" + ("" if lr == 1e-4 else f"_lr{_lr_name(lr)}w") + ("_rs" if rs else "")
+    name = "independent" + ("" if lr == 1e-4 else f"_lr{lr_name(lr)}w") + ("_rs" if rs else "")
     return Arm(name, "independent", "baseline", {"grpo": grpo})
 
 
 def self_imitate_arm(grpo: dict[str, Any], lr: float) -> Arm:
-    return Arm(f"self_imitate_lr{_lr_name(lr)}", "self_imitate", "baseline",
+    return Arm(f"self_imitate_lr{lr_name(lr)}", "self_imitate", "baseline",
                {"grpo": grpo, "sharing": {"strategy": "self_imitate",
                                           "self_imitate": {"weight": 1.0, "learning_rate": lr}}})
 
@@ -83,7 +83,7 @@ def matched_arm(grpo: dict[str, Any], lr: float, replay: int) -> Arm:
     last ``replay`` steps) a step, each policy's step held to its own token budget (set per seed by
     :meth:`~mutualrl.study.Study.matched_overrides`)."""
     block = {"weight": 1.0, "learning_rate": lr, "extra_rows": 512, "replay_steps": replay}
-    return Arm(f"matched_lr{_lr_name(lr)}_replay{replay}", "matched", "baseline",
+    return Arm(f"matched_lr{lr_name(lr)}_replay{replay}", "matched", "baseline",
                {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": block}})
 
 
@@ -93,7 +93,7 @@ def imitate_arm(grpo: dict[str, Any], variant: str, lr: float) -> Arm:
     extra = {"plain": {}, "replay4": {"replay_steps": 4}, "peer2": {"peer_weight": 2.0}}[variant]
     names = {("plain", 3e-4): "imitate_lr3e-4", ("plain", 1e-4): "imitate_lr1e-4",
              ("replay4", 3e-4): "imitate_replay4", ("peer2", 3e-4): "imitate_peer2"}
-    name = names.get((variant, lr), f"imitate_{variant}_lr{_lr_name(lr)}")
+    name = names.get((variant, lr), f"imitate_{variant}_lr{lr_name(lr)}")
     return Arm(name, "sharing", "sharing", {"grpo": grpo, "sharing": {
         "strategy": "imitate", "imitate": {**SUPERVISED, "learning_rate": lr, **extra}}})
 
@@ -112,19 +112,20 @@ def distill_arms(grpo: dict[str, Any]) -> list[Arm]:
             arm("imitate_replay4+distill_w2", "imitate+distill", {"weight": 2.0})]
 
 
-def _step_lr(lr: float, up: bool) -> float:
+def _step_lr(lr: float, up: bool, nxt: Mapping[float, float] = GRID_NEXT) -> float:
     if up:
-        return GRID_NEXT.get(lr, lr * 1.6)
-    below = {v: k for k, v in GRID_NEXT.items()}
+        return nxt.get(lr, lr * 1.6)
+    below = {v: k for k, v in nxt.items()}
     return below.get(lr, lr / 2)
 
 
 def tune_grid(study: Study, family: str, grid: dict[str, tuple[Callable[[float], Arm], list[float]]],
-              seeds: Sequence[int], fixed: Sequence[Arm] = ()) -> Arm:
+              seeds: Sequence[int], fixed: Sequence[Arm] = (), nxt: Mapping[float, float] = GRID_NEXT) -> Arm:
     """Tune ``family`` on validation over every variant's learning-rate list (``grid``: variant ->
     (its arm at a rate, the rates)) and the ``fixed`` candidates; while the choice sits at the top or
-    the bottom of the family's rates, add the chosen variant at the next rate out and tune again (at
-    most :data:`MAX_EXTENSIONS` times). Records the grid and its extensions in the study's notes."""
+    the bottom of the family's rates, add the chosen variant at the next rate out (``nxt``: each rate's
+    next one up; down, the reverse, else halving) and tune again (at most :data:`MAX_EXTENSIONS`
+    times). Records the grid and its extensions in the study's notes."""
     lrs = {v: sorted(rates) for v, (_, rates) in grid.items()}
     for _ in range(MAX_EXTENSIONS + 1):
         by_name = {grid[v][0](lr).name: (v, lr) for v in grid for lr in lrs[v]}
@@ -136,10 +137,10 @@ def tune_grid(study: Study, family: str, grid: dict[str, tuple[Callable[[float],
         every = sorted({r for rates in lrs.values() for r in rates})
         if lr not in (every[0], every[-1]):
             break
-        nxt = _step_lr(lr, up=lr == every[-1])
+        nxt_lr = _step_lr(lr, up=lr == every[-1], nxt=nxt)
         study.notes.append(f"{family}: {chosen.name} chosen at the {'top' if lr == every[-1] else 'bottom'} of the "
-                           f"family's rates {every}; {variant} added at {nxt:g}")
-        lrs[variant] = sorted({*lrs[variant], nxt})
+                           f"family's rates {every}; {variant} added at {nxt_lr:g}")
+        lrs[variant] = sorted({*lrs[variant], nxt_lr})
     study.tuning[family]["rates"] = {v: rates for v, rates in lrs.items()}
     return chosen
 
@@ -210,19 +211,23 @@ def tune_all(study: Study, tune: list[int]) -> tuple[Arm, Arm, Arm, Arm]:
     return ind, ctrl, best, held
 
 
-def final_round(study: Study, arms: tuple[Arm, Arm, Arm, Arm], final: list[int], chunk: int) -> list[Arm]:
+def final_round(study: Study, arms: tuple[Arm, Arm, Arm, Arm], final: list[int], chunk: int,
+                name: str = "self_imitate_matched",
+                match: Callable[[int, Mapping[str, int]], dict[str, Any]] | None = None) -> list[Arm]:
     """The chosen arms on the final seeds, ``chunk`` seeds at a time (so an interrupted study keeps
-    whole seeds): GRPO, ``self_imitate`` and the best sharing arm first, then the matched control with
-    each policy's budget from the best sharing arm's run of that seed."""
+    whole seeds): GRPO, ``self_imitate`` and the best sharing arm first, then the matched control
+    (``name``) with each policy's budget from the best sharing arm's run of that seed (``match``: seed,
+    budget -> that run's overrides; default :meth:`~mutualrl.study.Study.matched_overrides`)."""
     ind, ctrl, best, held = arms
-    matched = Arm("self_imitate_matched", "matched", "baseline", held.overrides)
+    match = match or (lambda s, budget: study.matched_overrides(s, "self_imitate", budget))
+    matched = Arm(name, "matched", "baseline", held.overrides)
     for i in range(0, len(final), chunk):
         seeds = final[i:i + chunk]
         study.run([(best, s) for s in seeds] + [(a, s) for s in seeds for a in (ind, ctrl)])
         for s in seeds:
-            matched.seed_overrides[s] = study.matched_overrides(s, "self_imitate", study.policy_budget(best, s))
+            matched.seed_overrides[s] = match(s, study.policy_budget(best, s))
         study.run((matched, s) for s in seeds)
-    study.notes.append(f"self_imitate_matched: {held.name} (chosen on validation) with each policy's token budget a "
+    study.notes.append(f"{name}: {held.name} (chosen on validation) with each policy's token budget a "
                        f"step from {best.name}'s run of the same final seed: "
                        + "; ".join(f"seed {s}: {study.policy_budget(best, s)}" for s in final
                                    if s in matched.seed_overrides))

@@ -1,30 +1,61 @@
 """Real models trained together: SmolLM2-135M-Instruct (Llama, 49k BPE) x Gemma-3-270M (Gemma, 262k
-SentencePiece), from PyPI wheels, offline: a study definition on the library harness (:mod:`mutualrl.study`).
+SentencePiece), from PyPI wheels, offline, under the pre-registered plan of ``benchmarks/README.md``
+("The sharing studies: pre-registered plan"): a study definition on the library harness
+(:mod:`mutualrl.study`) with the zoo study's tuning and final round (``benchmarks/mutual.py``).
 
-    python benchmarks/mutual_real_small.py [--steps 100] [--final-seeds 0,1,2] [--jobs 1] [--reuse]
-        [--zero-shot-from RESULT.json] [--name mutual_real_small]
+    python benchmarks/mutual_real_small.py [--jobs 1] [--phase tune|all] [--final-seeds 1,...,14]
+        [--tune-seeds 0] [--zero-shot-from RESULT.json] [--name mutual_real_small] [--quick]
 
 1. **Zero-shot study on validation problems**: greedy exact accuracy of both models on candidate
-   reasoning-gym task types (``--zero-shot-size`` validation problems each, held out of the study's
-   test split) under each model's prompt formats and two answer extractions. Each model keeps its
-   best format; the extraction is the one best for both; the pair of types is the most
-   complementary (or, with none, the one both partly solve best); types a constant answer solves
-   10 % of the time are left out.
-2. **Tuning on validation** (the tuning seeds): independent GRPO at two learning rates; then
-   ``self_imitate`` and the sharing candidates (``imitate``, with and without replay) at the chosen
-   GRPO settings; the compute-matched control (``self_imitate`` adding own earlier successes until a
-   step trains as many tokens as the chosen sharing arm did). With ``--own-replay`` second-stage
-   candidates: ``imitate_replay16_own``, imitate with the control's own replay rows at the control's
-   token budget, so that it differs from the control by the peers' rows alone, and the same with the
-   peers' rows at half weight.
-3. **The final seeds**: every chosen arm; the test split (200 problems per type) read once, at the
-   end of each run. 100 steps of 4 prompts x 4 samples; rows of the supervised steps join the GRPO
-   step (weight 1).
+   reasoning-gym task types (``--zero-shot-size`` validation problems each, held out of every test
+   question the type could have in the study's task) under each model's prompt formats and two
+   answer extractions. Each model keeps its best format; the extraction is the one best for both;
+   the pair of types is the most complementary (or, with none, the one both partly solve best);
+   types a constant answer solves 10 % of the time are left out. The chosen pair's task is then
+   built once, before any run: a type whose problem space cannot supply the fresh split below stops
+   the study with a message.
+2. **Splits.** Every run, tuning and final, has ``task.heldout_seed: 20261207`` and
+   ``task.val_like_test: true``: validation and test (200 problems per type each) are cut at random
+   from one fresh pool per type, problems that none of the seed-0 splits holds (those the first
+   protocol's runs trained and were tested on), so validation is distributed like test, type by type.
+   Training keeps the seed-0 lists; a run's seed is its prompt stream's and its sampling's.
+3. **Tuning** on the tuning seed (0; never a final seed: the script refuses one in both lists).
+   Every family is chosen on the final validation accuracy (the mean over the two policies), and
+   every grid is extended while its choice sits at an edge (:func:`mutual.tune_grid`). The
+   supervised rows join the GRPO step, as in the first protocol (no optimizer step of their own), so
+   their **weight** is the supervised step size both sides tune; its grid steps 0.25, 0.5, 1, 2, 4, 8.
 
-Writes ``benchmarks/results/NAME.json`` (the peers' share with its interval, per arm accuracy and
-compute, the zero-shot table and choice, the pair's THL residual), ``NAME_runs/`` and
-``NAME_report/``. A run takes about 10 minutes on 2 cores (``--evals 2``: validation at the start and end
-only, which is all the protocol reads): run it alone.
+   - **GRPO** (every other arm takes its choice): learning rates 5e-6, 1e-5, 3e-5 (the first
+     protocol chose 1e-5, the bottom of {1e-5, 3e-5}).
+   - **Single-model imitation, 10 candidates**: ``self_imitate`` at weights 0.5, 1, 2 (3); the
+     compute-matched control (``self_imitate`` adding the policy's own verified successes of the
+     last 4 or 16 steps until it trains, a step, what that policy trained in the best sharing arm's
+     run of the same seed) at those weights x both windows (6); its fallback (1, below).
+   - **Sharing, 10 candidates**: ``imitate`` at weights 1 and 2 (2); with 4 steps of peer replay at
+     0.5, 1 and 2 (3); with replay and the peer rows weighted 2 (1); ``distill`` at weights 0.5 and 2,
+     alone and chained after ``imitate`` with replay (4).
+
+   **A policy its own replay cannot match.** In the first protocol Gemma-3 solved too little to
+   replay (its control trained 10-28 tokens a step against the sharing arm's 112-137). When the
+   chosen matched candidate leaves a policy below 90 % of its budget on the tuning seed, the
+   fallback candidate ``<chosen>_more_samples`` is that candidate with the short policy sampling
+   twice ``--generations`` completions a prompt (8 instead of 4: ``policies[i].grpo.num_generations``):
+   more own groups with a success, so more own rows to train and to replay, paid for in own
+   samples. It competes with the six on validation (the family is tuned again with it) and, chosen,
+   runs on the final seeds as ``self_imitate_matched_more_samples``. Whether it lands inside the
+   match (trained tokens, optimizer steps and FLOPs within 10 % per policy and seed) is what the
+   JSON's ``compute_match`` reports: nothing forces it there. With no short policy there is no
+   fallback and the single-model side has 9 candidates (the notes say so).
+4. **Final seeds** (default 1-14, the plan's): the chosen GRPO, ``self_imitate``, the best sharing
+   arm and the chosen matched control, whose per-policy budget is read from the best sharing arm's
+   run of the same seed (:meth:`~mutualrl.study.Study.policy_budget`). 100 steps of 4 prompts x 4
+   samples; the test split is read once, at the end of each run.
+
+Writes ``benchmarks/results/NAME.json`` (the peers' share with its interval, per arm and policy
+accuracy and compute, the zero-shot table and choice, the split check, the pair's THL residual),
+``NAME_runs/`` and ``NAME_report/``. A run takes about 10 minutes on 2 cores: run it alone. The
+first protocol's study must be archived first (``NAME_protocol1``, as the zoo's and the task mix's
+were): the script will not write over its records.
 """
 
 from __future__ import annotations
@@ -36,12 +67,18 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import mutual
 from _common import RESULTS
 
 from mutualrl.study import Arm, Study, deep_merge
+
+if TYPE_CHECKING:
+    from mutualrl.tasks import Task
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO = {"min_terms": 2, "max_terms": 2, "allow_parentheses": False, "allow_negation": False}
@@ -53,9 +90,9 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "legs": {"name": "leg_counting", "config": {"min_animals": 1, "max_animals": 2, "min_instances": 1,
                                                 "max_instances": 3}},
 }
-"""Task types both small models might partly solve, each with room for the protocol's disjoint
-splits (200 test, 200 validation and the training problems per type: one-digit products alone
-are 100 problems, too few)."""
+"""Task types both small models might partly solve. The study needs, per type, 400 fresh problems
+(validation and test) outside the seed-0 test and training lists: ``gcd``'s space is too small for
+that (the up-front check refuses it; the constant-answer rule leaves it out first)."""
 
 FORMATS: dict[str, list[dict[str, Any]]] = {
     "smollm2": [{"prompt_template": "chat", "system_prompt": "Answer with only the final number."},
@@ -66,30 +103,66 @@ FORMATS: dict[str, list[dict[str, Any]]] = {
                {"prompt_template": "Q: {question}\nA:"}],
 }
 EXTRACTIONS = ("first_number", "last_number")
-SGT_LAMBDA = 1.0
-"""The rescue loss weight of the zoo study's SGT arm (``examples/zoo_sgt.yaml``)."""
+TEST_PER_TYPE = 200
+"""Validation and test problems per task type, each."""
+TRAIN_SIZE = 4000
+"""Training problems of the study's task (both types together)."""
+HELDOUT_SEED = mutual.HELDOUT_SEED
+"""``task.heldout_seed`` of every run: the fresh validation and test pool (the plan's)."""
 
 
-def study_test_questions(sources: list[Any], per_type: int) -> dict[str, set[str]]:
-    """Per candidate type, every test question it could have in the study's task (seed 0): the
-    study's task holds any subset of the candidates, each at any place in its list."""
-    from mutualrl.tasks import Task
+def study_task_section(types: list[str], extraction: str, per_type: int) -> dict[str, Any]:
+    """The ``task:`` section of the study's runs on ``types``: validation and test, ``per_type`` each
+    per type, cut from one fresh pool per type (``heldout_seed``, ``val_like_test``)."""
+    return {"datasets": [{**CANDIDATES[t], "alias": t} for t in types], "answer_extraction": extraction,
+            "test_size": per_type * len(types), "val_size": per_type * len(types), "train_size": TRAIN_SIZE,
+            "reward": "exact", "seed": 0, "heldout_seed": HELDOUT_SEED, "val_like_test": True}
 
-    return {s.name: {p.question for i in range(len(sources))
-                     for p in s.generate("test", per_type, Task.split_seed(0, i, "test"))} for s in sources}
+
+def study_task(types: list[str], per_type: int, extraction: str = "last_number", heldout: bool = True) -> Task:
+    """The :class:`~mutualrl.tasks.Task` of the study's runs on ``types`` (``heldout=False``: the same
+    task on the seed-0 splits, those the first protocol's runs read). ``ValueError`` when a type's
+    problem space cannot supply its fresh pool."""
+    from mutualrl.config.resolve import resolve_task
+    from mutualrl.tasks.build import build_task
+
+    section = study_task_section(types, extraction, per_type)
+    if not heldout:
+        section = {k: v for k, v in section.items() if k not in ("heldout_seed", "val_like_test")}
+    return build_task(resolve_task(section, check_paths=False))
 
 
-def zero_shot_problems(n: int) -> tuple[Any, dict[str, list[Any]]]:
-    """The zero-shot study's task and its ``n`` validation problems per candidate type, held out of
-    the study's test split: the study's task holds any of the candidates at any place, and a type's
-    test problems depend on its place, so every test question the type could have there is removed
-    by text before the ``n`` are taken."""
+def study_test_questions(per_type: int = TEST_PER_TYPE) -> dict[str, set[str]]:
+    """Per candidate type, every test question it could have in the study's task: the study holds
+    any two candidates in either order, and a type's splits depend on its place in the list (not on
+    the other type), so the task is built for ordered pairs until every type has been seen at both
+    places. A pair whose fresh pool cannot be drawn is no task the study can run (the up-front check
+    refuses it): it holds no test question."""
+    out: dict[str, set[str]] = {t: set() for t in CANDIDATES}
+    seen: set[tuple[str, int]] = set()
+    for pair in itertools.permutations(CANDIDATES, 2):
+        if all((t, i) in seen for i, t in enumerate(pair)):
+            continue
+        try:
+            task = study_task(list(pair), per_type)
+        except ValueError:
+            continue
+        for i, t in enumerate(pair):
+            out[t] |= {p.question for p in task.test[t]}
+            seen.add((t, i))
+    return out
+
+
+def zero_shot_problems(n: int, per_type: int = TEST_PER_TYPE) -> tuple[Any, dict[str, list[Any]]]:
+    """The zero-shot study's task and its ``n`` validation problems per candidate type, none of them a
+    test question the type could have in the study's task (:func:`study_test_questions`, the study's
+    test split being ``per_type`` problems a type), removed by text before the ``n`` are taken."""
     from mutualrl.tasks import GymSource, Task
 
     sources = [GymSource(c["name"], k, c["config"]) for k, c in CANDIDATES.items()]
     task = Task(sources, [1.0] * len(sources), test_size=TEST_PER_TYPE * len(sources), train_size=len(sources) * 1200,
                 val_size=2 * n * len(sources), seed=0)
-    held = study_test_questions(sources, TEST_PER_TYPE)
+    held = study_test_questions(per_type)
     out = {}
     for src in task.source_names:
         out[src] = [p for p in task.val[src] if p.question not in held[src]][:n]
@@ -99,7 +172,7 @@ def zero_shot_problems(n: int) -> tuple[Any, dict[str, list[Any]]]:
     return task, out
 
 
-def zero_shot(n: int, max_new: int) -> dict[str, Any]:
+def zero_shot(n: int, max_new: int, per_type: int = TEST_PER_TYPE) -> dict[str, Any]:
     """Greedy exact accuracy per model, format, extraction and task type."""
     import torch
 
@@ -107,7 +180,7 @@ def zero_shot(n: int, max_new: int) -> dict[str, Any]:
     from mutualrl.config.modelref import resolve_model_path
     from mutualrl.rollout.policy import Policy
 
-    task, problems = zero_shot_problems(n)
+    task, problems = zero_shot_problems(n, per_type)
     out: dict[str, Any] = {}
     for model, formats in FORMATS.items():
         path = resolve_model_path(f"real:{model}")
@@ -220,9 +293,6 @@ def thl_residual(run_dirs: list[Path]) -> dict[str, Any]:
             "gemma3_to_smollm2": pair_report(align_batch(texts, toks["gemma3"], toks["smollm2"])).as_dict()}
 
 
-TEST_PER_TYPE = 200
-
-
 def per_type(args: argparse.Namespace) -> int:
     """Validation and test problems per task type (fewer with ``--quick``)."""
     return 20 if args.quick else TEST_PER_TYPE
@@ -230,7 +300,7 @@ def per_type(args: argparse.Namespace) -> int:
 
 def base_config(choice: dict[str, Any], args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """A run of the study: the real-small preset on the chosen mix and formats, validation and test
-    held out (200 problems each per type), its seed its prompt stream's."""
+    from the fresh pool (:func:`study_task_section`), its seed its prompt stream's."""
     import yaml
 
     base = yaml.safe_load((ROOT / "examples" / "real_small.yaml").read_text())
@@ -238,9 +308,7 @@ def base_config(choice: dict[str, Any], args: argparse.Namespace, seed: int) -> 
         pol.pop("system_prompt", None)
         pol.update(choice["formats"][pol["name"]])
     types = choice["tasks"]
-    base["task"] = {"datasets": [{**CANDIDATES[t], "alias": t} for t in types],
-                    "answer_extraction": choice["extraction"], "test_size": per_type(args) * len(types),
-                    "val_size": per_type(args) * len(types), "train_size": 4000, "reward": "exact", "seed": 0}
+    base["task"] = study_task_section(types, choice["extraction"], per_type(args))
     base["grpo"] = {**base["grpo"], "num_generations": args.generations}
     base["sharing"] = {"strategy": "independent"}
     base.update(steps=args.steps, prompts_per_step=args.prompts, eval_size=per_type(args) * len(types),
@@ -249,79 +317,201 @@ def base_config(choice: dict[str, Any], args: argparse.Namespace, seed: int) -> 
     return base
 
 
-def held_to_control(study: Study, best: Arm, matched: Arm, tune: list[int], choice: dict[str, Any],
-                    args: argparse.Namespace) -> Arm:
-    """The chosen sharing arm held, policy by policy, to the trained tokens a step the compute-matched
-    control reached on the tuning seeds (``policies[i].sharing.imitate.match_tokens``): peers' rows first
-    within that budget, then the policy's own earlier successes, as the control adds them. The control
-    cannot reach a common budget when a policy has few successes of its own (Gemma-3), so this arm
-    trains what the control trains, policy by policy: the headline's sharing arm may train more."""
-    study.run((matched, s_) for s_ in tune)
-    per_policy = study.per_step_by_policy(matched, tune, "train_tokens")
-    block = {**best.overrides["sharing"]["imitate"], "own_extra_rows": 64,
-             "replay_steps": max(16, best.overrides["sharing"]["imitate"].get("replay_steps", 0))}
-    policies = [dict(p, sharing={"imitate": {"match_tokens": round(per_policy[p["name"]])}})
-                for p in base_config(choice, args, tune[0])["policies"]]
-    study.notes.append("matched_sharing: " + best.name + " with the control's own replay rows, held to the control's "
-                       "trained tokens a step per policy on the tuning seeds (" + ", ".join(
-                           f"{k} {v:.0f}" for k, v in per_policy.items()) + ")")
-    return Arm(f"{best.name}_held", "matched_sharing", "matched_sharing",
-               deep_merge(best.overrides, {"sharing": {"imitate": block}, "policies": policies}))
+def checked_task(choice: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Build the chosen pair's task once, before any run: its fresh pool must exist. The split check
+    it records: how many of its validation and test questions the seed-0 splits of the same types
+    hold (those the first protocol's runs read; zeros: disjoint)."""
+    n = per_type(args)
+    try:
+        task = study_task(choice["tasks"], n, choice["extraction"])
+    except ValueError as exc:
+        raise SystemExit(f"task types {choice['tasks']}: the plan's fresh split ({n} validation + {n} test problems "
+                         f"per type outside the seed-0 splits, task.heldout_seed {HELDOUT_SEED}) cannot be drawn: "
+                         f"{exc}") from exc
+    earlier = study_task(choice["tasks"], n, choice["extraction"], heldout=False)
+    return {"heldout_seed": HELDOUT_SEED, "val_like_test": True,
+            "sizes": {s: {t: len(ps) for t, ps in task.split(s).items()} for s in ("val", "test")},
+            "shared_with_seed0_splits": task.heldout_check([earlier])}
 
 
-FINAL_ARMS = ("independent", "self_imitate", "matched", "sharing", "matched_sharing")
-"""The chosen arms a study can train on its final seeds (``--final-arms``)."""
+# ---------------------------------------------------------------------------- the arms
+LR_NEXT = {2.5e-6: 5e-6, 5e-6: 1e-5, 1e-5: 3e-5, 3e-5: 5e-5, 5e-5: 1e-4}
+"""The GRPO learning rate after each on a grid extended upward (:func:`mutual.tune_grid`; downward the
+reverse, then halving)."""
+WEIGHT_NEXT = {0.25: 0.5, 0.5: 1.0, 1.0: 2.0, 2.0: 4.0, 4.0: 8.0}
+"""The supervised weight after each, likewise."""
+WEIGHTS = [0.5, 1.0, 2.0]
+SHORT = 0.9
+"""A policy whose matched control trains less than this share of its budget a step is short (the
+match's 10 %): the fallback gives it more own samples."""
 
 
+def grpo_arm(lr: float) -> Arm:
+    return Arm(f"independent_lr{mutual.lr_name(lr)}", "independent", "baseline", {"grpo": {"learning_rate": lr}})
+
+
+def self_imitate_arm(grpo: dict[str, Any], w: float) -> Arm:
+    return Arm(f"self_imitate_w{w:g}", "self_imitate", "baseline",
+               {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": {"weight": w}}})
+
+
+def matched_arm(grpo: dict[str, Any], w: float, replay: int) -> Arm:
+    """The compute-matched control: ``self_imitate`` with up to 64 own earlier successes (of the last
+    ``replay`` steps) a step, each policy held to its own token budget (its seed overrides)."""
+    block = {"weight": w, "extra_rows": 64, "replay_steps": replay}
+    return Arm(f"matched_w{w:g}_replay{replay}", "matched", "baseline",
+               {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": block}})
+
+
+def imitate_arm(grpo: dict[str, Any], variant: str, w: float) -> Arm:
+    """``imitate`` at weight ``w``: ``plain``, ``replay4`` (peer successes of the last 4 steps) or
+    ``replay4_peer2`` (the same, peer rows weighted 2)."""
+    extra = {"plain": {}, "replay4": {"replay_steps": 4},
+             "replay4_peer2": {"replay_steps": 4, "peer_weight": 2.0}}[variant]
+    name = "imitate" + ("" if variant == "plain" else f"_{variant}") + f"_w{w:g}"
+    return Arm(name, "sharing", "sharing",
+               {"grpo": grpo, "sharing": {"strategy": "imitate", "imitate": {"weight": w, **extra}}})
+
+
+def distill_arms(grpo: dict[str, Any]) -> list[Arm]:
+    """``distill`` at weight 0.5 (its default) and 2, alone and after ``imitate`` with 4 steps of replay
+    (weight 1)."""
+    def arm(strategy: str, w: float) -> Arm:
+        sharing = {"strategy": strategy, "distill": {"weight": w}}
+        if "imitate" in strategy:
+            sharing["imitate"] = {"weight": 1.0, "replay_steps": 4}
+        name = ("imitate_replay4+distill" if "imitate" in strategy else "distill") + f"_w{w:g}"
+        return Arm(name, "sharing", "sharing", {"grpo": grpo, "sharing": sharing})
+
+    return [arm(s, w) for s in ("distill", "imitate+distill") for w in (0.5, 2.0)]
+
+
+def more_samples(overrides: dict[str, Any], short: list[str], generations: int) -> dict[str, Any]:
+    """``overrides`` (with a ``policies`` list) with each ``short`` policy sampling ``generations``
+    completions a prompt (``policies[i].grpo.num_generations``)."""
+    pols = [deep_merge(p, {"grpo": {"num_generations": generations}}) if p["name"] in short else p
+            for p in overrides["policies"]]
+    return {**overrides, "policies": pols}
+
+
+def short_policies(study: Study, held: Arm, budgets: dict[int, dict[str, int]]) -> list[str]:
+    """The policies ``held`` (a matched control) leaves below :data:`SHORT` of their budget a step on
+    some tuning seed: their own replay cannot reach it."""
+    return sorted({p for s, budget in budgets.items() for p, spent in study.policy_budget(held, s).items()
+                   if spent < SHORT * budget[p]})
+
+
+@dataclass
+class Tuned:
+    """What the tuning rounds chose: GRPO (``ind``), ``self_imitate`` (``ctrl``), the best sharing arm
+    (``best``) and the matched control (``held``); ``short``: the policies the fallback gives
+    ``generations`` samples a prompt (none: no fallback); ``fallback``: whether it was chosen."""
+
+    study: Study
+    ind: Arm
+    ctrl: Arm
+    best: Arm
+    held: Arm
+    short: list[str]
+    generations: int
+    fallback: bool = False
+
+    def match(self, seed: int, budget: Mapping[str, int]) -> dict[str, Any]:
+        """The fallback's overrides on ``seed``: each policy's budget, the short ones with more samples."""
+        return more_samples(self.study.matched_overrides(seed, "self_imitate", budget), self.short, self.generations)
+
+    def arms(self) -> tuple[Arm, Arm, Arm, Arm]:
+        return self.ind, self.ctrl, self.best, self.held
+
+
+def tune_all(study: Study, tune: list[int], generations: int) -> Tuned:
+    """The tuning rounds on the tuning seeds (the module docstring); ``generations``: the fallback's
+    samples a prompt for a policy the matched control leaves short."""
+    ind = mutual.tune_grid(study, "independent", {"lr": (grpo_arm, [5e-6, 1e-5, 3e-5])}, tune, nxt=LR_NEXT)
+    grpo = ind.overrides["grpo"]
+    best = mutual.tune_grid(study, "sharing", {
+        "plain": (lambda w: imitate_arm(grpo, "plain", w), [1.0, 2.0]),
+        "replay4": (lambda w: imitate_arm(grpo, "replay4", w), WEIGHTS)}, tune,
+        fixed=[imitate_arm(grpo, "replay4_peer2", 1.0), *distill_arms(grpo)], nxt=WEIGHT_NEXT)
+    ctrl = mutual.tune_grid(study, "self_imitate", {"w": (lambda w: self_imitate_arm(grpo, w), WEIGHTS)}, tune,
+                            nxt=WEIGHT_NEXT)
+    budgets = {s: study.policy_budget(best, s) for s in tune}
+    study.notes.append(f"matched control candidates: each policy's token budget a step is what it trained a step in "
+                       f"{best.name}'s run of the same seed, on the tuning seeds {budgets}")
+
+    def matched(replay: int) -> Callable[[float], Arm]:
+        def make(w: float) -> Arm:
+            arm = matched_arm(grpo, w, replay)
+            arm.seed_overrides = {s: study.matched_overrides(s, "self_imitate", budgets[s]) for s in tune}
+            return arm
+        return make
+
+    grid = {f"replay{r}": (matched(r), WEIGHTS) for r in (4, 16)}
+    held = mutual.tune_grid(study, "matched", grid, tune, nxt=WEIGHT_NEXT)
+    tuned = Tuned(study, ind, ctrl, best, held, short_policies(study, held, budgets), generations)
+    if not tuned.short:
+        study.notes.append(f"matched: {held.name} reaches {SHORT:.0%} of every policy's budget on the tuning seeds; "
+                           "no fallback candidate (the single-model side: 9 candidates before any grid extension, "
+                           "the sharing side 10)")
+        return tuned
+    extra = Arm(f"{held.name}_more_samples", "matched", "baseline", held.overrides,
+                {s: tuned.match(s, budgets[s]) for s in tune})
+    study.notes.append(f"matched: {held.name} leaves {', '.join(tuned.short)} below {SHORT:.0%} of the budget on the "
+                       f"tuning seeds (its own replay cannot reach it); fallback candidate {extra.name}: the same with "
+                       f"{generations} samples a prompt for {', '.join(tuned.short)}, tuned with the others on "
+                       "validation")
+    rates = study.tuning["matched"]["rates"]  # the grid as extended; nothing trains again but the fallback
+    tuned.held = mutual.tune_grid(study, "matched", {v: (make, rates[v]) for v, (make, _) in grid.items()}, tune,
+                                  fixed=[extra], nxt=WEIGHT_NEXT)
+    tuned.fallback = tuned.held.name == extra.name
+    return tuned
+
+
+# ---------------------------------------------------------------------------- the command line
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--generations", type=int, default=4)
+    ap.add_argument("--generations", type=int, default=4,
+                    help="samples a prompt (the matched control's fallback gives a short policy twice this)")
     ap.add_argument("--evals", type=int, default=3, help="validation points (start and end included)")
     ap.add_argument("--zero-shot-size", type=int, default=100)
     ap.add_argument("--zero-shot-from", type=Path, default=None,
                     help="take the zero-shot table (on validation problems) from this result JSON")
-    ap.add_argument("--reuse", action="store_true")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--parallel", type=int, default=None,
                     help="runs at once (default --jobs; threads stay cores / jobs, so committed runs are reused)")
     ap.add_argument("--out", default="runs/study_real_small")
     ap.add_argument("--tune-seeds", default="0")
-    ap.add_argument("--final-seeds", default="0,1,2")
-    ap.add_argument("--final-arms", default="independent,self_imitate,matched,sharing",
-                    help="which chosen arms train on the final seeds (comma-separated of independent, "
-                    "self_imitate, matched, sharing, matched_sharing): the headline needs only matched and sharing; "
-                    "matched_sharing is the chosen sharing arm held to the control's tokens per policy")
+    ap.add_argument("--final-seeds", default=",".join(str(s) for s in range(1, 15)),
+                    help="the plan's final seeds (real pair: 1-14); never a tuning seed")
+    ap.add_argument("--chunk", type=int, default=2, help="final seeds run together (the study keeps whole seeds)")
+    ap.add_argument("--phase", choices=("tune", "all"), default="all",
+                    help="tune: the tuning rounds only; all: then the final seeds")
     ap.add_argument("--name", default="mutual_real_small")
-    ap.add_argument("--quick", action="store_true", help="4 steps, 20 problems per type, one seed (a smoke test)")
-    ap.add_argument("--own-replay", action="store_true",
-                    help="add the stage-2 sharing candidates imitate_replay16_own (imitate with the compute-matched "
-                    "control's own replay rows, at its token budget) and the same with peer rows at half weight")
+    ap.add_argument("--quick", action="store_true",
+                    help="4 steps, 20 problems per type, one final seed (a smoke test; NAME_quick)")
     return ap
 
 
 def checked_args(ap: argparse.ArgumentParser) -> argparse.Namespace:
-    """The command line, checked before any run (a typo must not cost an hour); ``wanted``: the final
-    arms, ``tune`` and ``final``: the seeds."""
+    """The command line, checked before any run (a typo must not cost an hour): ``tune`` and
+    ``final``, the seeds, never sharing one; a first-protocol study of the same name archived."""
     args = ap.parse_args()
-    args.wanted = [x.strip() for x in args.final_arms.split(",") if x.strip()]
-    if not args.wanted or set(args.wanted) - set(FINAL_ARMS):
-        ap.error(f"--final-arms: {args.final_arms!r} names {sorted(set(args.wanted) - set(FINAL_ARMS)) or 'no arm'}; "
-                 f"choose from {', '.join(FINAL_ARMS)}")
-    if args.own_replay and args.name == "mutual_real_small":  # stage 1's result is kept as it is
-        args.name = "mutual_real_small_stage2"
+    args.tune = [int(x) for x in args.tune_seeds.split(",")]
     if args.quick:
-        args.steps, args.evals, args.zero_shot_size, args.final_seeds = 4, 2, 20, args.tune_seeds
-        args.name = args.name + "_quick"
-    args.tune, args.final = [int(x) for x in args.tune_seeds.split(",")], [int(x) for x in args.final_seeds.split(",")]
-    # stage 2 takes stage 1's runs of the same config (its tuning rounds) instead of training them again
-    if args.own_replay and not args.quick:  # stage 2's final seeds are fresh: stage 1's test splits were read
-        stage1 = RESULTS / "mutual_real_small.json"
-        seen = set(json.loads(stage1.read_text()).get("final_seeds", [])) if stage1.is_file() else set()
-        if seen & set(args.final):
-            ap.error(f"--final-seeds {args.final_seeds}: stage 1 read the test split of seeds {sorted(seen)}; "
-                     "stage 2 needs fresh ones (e.g. --final-seeds 3,4,5)")
+        args.steps, args.evals, args.zero_shot_size = 4, 2, 20
+        args.final_seeds, args.name = str(max(args.tune) + 1), args.name + "_quick"
+    args.final = [int(x) for x in args.final_seeds.split(",")]
+    if set(args.tune) & set(args.final):
+        raise SystemExit(f"--final-seeds {args.final} and --tune-seeds {args.tune} share a seed: the tuning seed is "
+                         "never a final seed (the plan of benchmarks/README.md)")
+    result = RESULTS / f"{args.name}.json"
+    if (not args.quick and result.is_file() and "plan" not in json.loads(result.read_text())
+            and not (RESULTS / f"{args.name}_protocol1.json").is_file()):
+        raise SystemExit(f"{result} is the first protocol's study: archive it first as {args.name}_protocol1 (its "
+                         f".json, _runs/ and _report/, as mutual and mutual_taskmix were), or pick another --name; "
+                         "this study would write over its records")
     return args
 
 
@@ -335,7 +525,7 @@ def task_choice(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any
         zs = json.loads(args.zero_shot_from.read_text())["zero_shot"]
     else:
         t = time.perf_counter()
-        zs = zero_shot(args.zero_shot_size, 12)
+        zs = zero_shot(args.zero_shot_size, 12, per_type(args))
         print(f"zero-shot study {time.perf_counter() - t:.0f}s", flush=True)
     choice = choose(zs, constant_answer_share(), args.zero_shot_size)
     print(f"task mix: {choice['tasks']} (zero-shot on validation {choice['accuracy']}), extraction "
@@ -343,76 +533,33 @@ def task_choice(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any
     return zs, choice
 
 
-def stage2(study: Study, best: Arm, grpo: dict[str, Any], tokens: int, tune: list[int]) -> Arm:
-    """``--own-replay``: the control's own rows inside the sharing arm, at the control's budget,
-    against the first round's choice (on validation of the tuning seeds)."""
-    own = {"weight": SGT_LAMBDA, "replay_steps": 16, "own_extra_rows": 64, "match_tokens": tokens}
-    candidates = [Arm(name, "sharing", "sharing", {"grpo": grpo, "sharing": {"strategy": "imitate",
-                                                                             "imitate": {**own, **extra}}})
-                  for name, extra in (("imitate_replay16_own", {}),
-                                      ("imitate_replay16_own_pw0.5", {"peer_weight": SGT_LAMBDA / 2}))]
-    study.notes.append("Sharing candidates in two stages: imitate and imitate_replay4 first (the matched "
-                       f"control's budget, {tokens} tokens a step, is the stage-1 choice's); then, added after "
-                       "the first round's test figures were seen, imitate_replay16_own (imitate with the "
-                       "control's own earlier successes up to the same budget: the two arms differ by the "
-                       "peers' rows) and the same with the peers' rows at half weight; all chosen on validation "
-                       "of the tuning seeds only.")
-    return study.tune("sharing_stage2", [best, *candidates], tune)
-
-
-def tuned_arms(study: Study, args: argparse.Namespace) -> tuple[dict[str, Arm], int, str]:
-    """The tuning rounds on the tuning seeds: the chosen arms by kind, the compute-matched control's
-    token budget a step and the arm it was taken from."""
-    tune = args.tune
-    ind = study.tune("independent", [Arm(f"independent_lr{n}", "independent", "baseline",
-                                         {"grpo": {"learning_rate": lr}})
-                                     for n, lr in (("1e-5", 1e-5), ("3e-5", 3e-5))], tune)
-    grpo = ind.overrides["grpo"]
-    ctrl = Arm("self_imitate", "self_imitate", "baseline",
-               {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": {"weight": SGT_LAMBDA}}})
-    sharing = [Arm(name, "sharing", "sharing", {"grpo": grpo, "sharing": {"strategy": "imitate",
-                                                                          "imitate": {"weight": SGT_LAMBDA, **extra}}})
-               for name, extra in (("imitate", {}), ("imitate_replay4", {"replay_steps": 4}))]
-    study.run((a, s_) for a in (ctrl, *sharing) for s_ in tune)
-    ctrl = study.tune("self_imitate", [ctrl], tune)
-    best = study.tune("sharing", sharing, tune)
-    tokens = round(study.per_step(best, tune, "train_tokens"))
-    budget_from = best.name
-    matched = Arm("self_imitate_matched", "self_imitate_matched", "baseline",
-                  {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": {
-                      "weight": SGT_LAMBDA, "extra_rows": 64, "match_tokens": tokens, "replay_steps": 16}}})
-    if args.own_replay:
-        best = stage2(study, best, grpo, tokens, tune)
-    return {"independent": ind, "self_imitate": ctrl, "matched": matched, "sharing": best}, tokens, budget_from
-
-
 def main() -> None:
     args = checked_args(parser())
     zs, choice = task_choice(args)
-    tune, final = args.tune, args.final
+    split_check = checked_task(choice, args)
     study = Study(args.name, lambda seed: base_config(choice, args, seed), Path(args.out), results=RESULTS,
-                  jobs=args.jobs, reuse=args.reuse, parallel=args.parallel, final_seeds=final,
-                  reuse_from=["mutual_real_small"] if args.own_replay else [], reuse_from_seeds=tune)
-    chosen, tokens, budget_from = tuned_arms(study, args)
+                  jobs=args.jobs, reuse=True, parallel=args.parallel, final_seeds=args.final)
     study.notes.append(f"Task mix chosen by the zero-shot study on validation problems: {', '.join(choice['tasks'])}; "
-                       f"{args.prompts} prompts x {args.generations} samples per step, {args.steps} steps. "
-                       f"Compute-matched control: self_imitate with own earlier successes until a step trains "
-                       f"{tokens} tokens ({budget_from}'s per step on the tuning seeds).")
-    if "matched_sharing" in args.wanted:  # the chosen sharing arm held to each policy's tokens in the control
-        chosen["matched_sharing"] = held_to_control(study, chosen["sharing"], chosen["matched"], tune, choice, args)
-    arms = tuple(a for w, a in chosen.items() if w in args.wanted)
-    if len(arms) < len(chosen):
-        study.notes.append(f"Final seeds {args.final_seeds} trained only: {', '.join(a.name for a in arms)}; the other "
-                           "chosen arms are reported on the seeds they trained (arms_on_fewer_seeds), and "
-                           "on_common_seeds repeats the peers' share there with every arm competing. The strongest "
-                           "baseline of the headline is chosen by validation among the arms on every final seed.")
-    study.run((a, s_) for s_ in final for a in arms)
-    # every chosen arm is reported: one trained on fewer seeds apart, over its own (the aggregation)
-    study.arms = {a.name: a for a in chosen.values()}
-    dirs = [Path(args.out) / f"{a.name}-seed{s_}" for a in chosen.values() for s_ in final]
-    study.write({"policies": ["smollm2 (SmolLM2-135M-Instruct)", "gemma3 (Gemma-3-270M)"], "zero_shot": zs,
-                 "choice": choice, "candidates": CANDIDATES, "steps": args.steps, "tune_seeds": tune,
-                 "thl_residual": thl_residual([d for d in dirs if d.is_dir()])})
+                       f"{args.prompts} prompts x {args.generations} samples a step, {args.steps} steps; validation "
+                       f"and test from one fresh pool per type (task.heldout_seed {HELDOUT_SEED}, val_like_test).")
+    tuned = tune_all(study, args.tune, 2 * args.generations)
+    extra = {"policies": ["smollm2 (SmolLM2-135M-Instruct)", "gemma3 (Gemma-3-270M)"], "zero_shot": zs,
+             "choice": choice, "candidates": CANDIDATES, "steps": args.steps, "tune_seeds": args.tune,
+             "heldout_seed": HELDOUT_SEED, "split_check": split_check,
+             "more_samples": {"policies": tuned.short, "num_generations": tuned.generations,
+                              "chosen": tuned.fallback},
+             "plan": "benchmarks/README.md#the-sharing-studies-pre-registered-plan"}
+    if args.phase == "tune":
+        study.arms = {a.name: a for a in tuned.arms()}
+        study.write({**extra, "phase": "tune"}, report=False)
+        return
+    name = "self_imitate_matched_more_samples" if tuned.fallback else "self_imitate_matched"
+    headline = mutual.final_round(study, tuned.arms(), args.final, args.chunk, name=name,
+                                  match=tuned.match if tuned.fallback else None)
+    study.arms = {a.name: a for a in headline}
+    dirs = [d for a in headline for s in args.final if (d := Path(args.out) / f"{a.name}-seed{s}").is_dir()]
+    study.write({**extra, "thl_residual": thl_residual(dirs) if dirs else None})
+
 
 if __name__ == "__main__":
     main()
