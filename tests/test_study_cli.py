@@ -209,7 +209,8 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-@pytest.mark.parametrize("name", ["mutual", "mutual_taskmix", "mutual_real_small", "mutual_real_small_stage2"])
+@pytest.mark.parametrize("name", ["mutual_protocol1", "mutual_taskmix_protocol1", "mutual_real_small_protocol1",
+                                  "mutual_real_small_stage2", "mutual", "mutual_taskmix", "mutual_real_small"])
 def test_the_committed_benchmark_studies_reaggregate_to_their_figures(name):
     """Every figure of a committed benchmark study comes back from its committed records alone
     through the library (its arms and declared final seeds)."""
