@@ -28,26 +28,14 @@ from typing import Any
 
 from _common import RESULTS
 from mutual import (
-    SUPERVISED,
     VAL_SIZE,
+    distill_arms,
     grpo_arm,
     imitate_arm,
     self_imitate_arm,
 )
 
 from mutualrl.study import Arm, Study
-
-
-def distill_candidates(grpo: dict[str, Any]) -> list[Arm]:
-    """The dense-signal arms: distill alone, and chained with the current best sharing arm."""
-    best = {**SUPERVISED, "learning_rate": 3e-4, "replay_steps": 4}
-    def arm(name: str, strategy: str, distill: dict[str, Any]) -> Arm:
-        sharing = {"strategy": strategy, "distill": distill, **({"imitate": best} if "imitate" in strategy else {})}
-        return Arm(name, "sharing", "sharing", {"grpo": grpo, "sharing": sharing})
-
-    return [arm("distill", "distill", {}), arm("imitate_replay4+distill", "imitate+distill", {}),
-            arm("distill_w2", "distill", {"weight": 2.0}),
-            arm("imitate_replay4+distill_w2", "imitate+distill", {"weight": 2.0})]
 
 
 def build_study(args: argparse.Namespace) -> Study:
@@ -95,7 +83,7 @@ def run(args: argparse.Namespace) -> None:
     grpo = ind.overrides["grpo"]
     controls = [self_imitate_arm(grpo, 3e-4), self_imitate_arm(grpo, 1e-4)]
     sharing = [imitate_arm(grpo, "plain", 3e-4), imitate_arm(grpo, "plain", 1e-4), imitate_arm(grpo, "replay4", 3e-4),
-               imitate_arm(grpo, "peer2", 3e-4)] + distill_candidates(grpo)
+               imitate_arm(grpo, "peer2", 3e-4)] + distill_arms(grpo)
     study.run((a, s) for a in controls + sharing for s in tune)
     ctrl = study.tune("self_imitate", controls, tune)
     best = study.tune("sharing", sharing, tune)
