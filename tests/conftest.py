@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,52 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from mutualrl.zoo import build_tiny_models  # after the offline switch above
+
+RAY = ("test_data_parallel.py", "test_exchange_hostile.py", "test_exchange_ray.py", "test_scheduler_contract.py")
+"""The modules whose tests share the session's Ray (``shared_ray``): run one after the other, so that
+Ray starts once for them and is stopped once the last of them is done."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    ray_items = [it for it in items if it.path.name in RAY]
+    if ray_items:  # the modules of RAY together, where the first of them was
+        first = items.index(ray_items[0])
+        rest = [it for it in items if it.path.name not in RAY]
+        items[:] = rest[:first] + ray_items + rest[first:]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """After the last test of the RAY modules (and the fixtures it leaves), the shared Ray stops."""
+    result = yield
+    if item.path.name in RAY and (nextitem is None or nextitem.path.name not in RAY) and "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    return result
+
+
+@pytest.fixture(scope="session")
+def shared_ray():
+    """``shared_ray()``: this process connected to the local Ray that the tests of the RAY modules share
+    (a start costs ~8 s on 2 cores), started at the first call (again after a test that stopped it to
+    start a Ray of its own) and stopped after the last of those modules. Its workers have tests/ on
+    PYTHONPATH (they import the reward functions of tests/test_trainer.py). Users leave it up and kill
+    what they start; a scheduler that finds Ray running leaves it running."""
+    ray = pytest.importorskip("ray")
+
+    def up():
+        if not ray.is_initialized():
+            with pytest.MonkeyPatch.context() as mp:  # the raylet, and so every worker, inherits it
+                mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent),
+                                                                      os.environ.get("PYTHONPATH")])))
+                ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        return ray
+
+    yield up
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")
