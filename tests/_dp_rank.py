@@ -8,12 +8,22 @@ every phase, the KL reference included, with dummy rows); ``DP_RESUME=1`` saves 
 it into a fresh policy and takes the second update there (a checkpoint must resume the optimizer).
 ``DP_MICRO=N`` gives the ranks (not the single-worker reference, which
 runs each phase in one forward) micro-batches of at most N forward tokens. ``DP_DEVICE=cuda`` puts rank r on ``cuda:r`` (the process group is then nccl: what
-``benchmarks/gpu_check.py --ranks`` runs on a machine with two GPUs or more)."""
+``benchmarks/gpu_check.py --ranks`` runs on a machine with two GPUs or more).
+
+``python tests/_dp_rank.py --cases MODEL RANK WORLD STORE OUTDIR CASES`` runs several such updates in
+one process, one after the other (what the tests do: the process start and imports are paid once):
+``CASES`` is a JSON list of ``{"name", "strategy", "env"}``, each case's ``env`` (the ``DP_*`` variables
+above) replacing the previous case's, its ranks meeting under the prefix ``name`` of the TCPStore at
+``STORE`` (``HOST:PORT``, or ``-`` for the reference) and its result written to
+``OUTDIR/NAME/WORLD-RANK.pt``. A failing case writes ``WORLD-RANK.err`` (its traceback) there and stops
+the process: its peer rank may be left in a collective, so the cases after it are not run."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import traceback
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -55,9 +65,8 @@ def fixed_batch(strategy: str, vocab: int, settings: dict) -> tuple[list[list[Tr
     return per_prompt, kinds
 
 
-def main() -> None:
-    model, strategy, rank, world, rendezvous, out = sys.argv[1:7]
-    rank, world = int(rank), int(world)
+def run(model: str, strategy: str, rank: int, world: int, rendezvous: str, out: str) -> None:
+    """One update of ``strategy`` on this rank (settings from the ``DP_*`` variables), saved to ``out``."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     opts = GRPOOptions(num_generations=G, max_completion_length=8, num_iterations=2, learning_rate=1e-3,
@@ -100,6 +109,35 @@ def main() -> None:
     keep = {k: v for k, v in stats.items() if k.endswith(("loss", "grad_norm", "optimizer_steps", "micro_batches"))}
     torch.save({"params": flat, "stats": keep}, out)
     ranks.close()
+
+
+DP_VARS = ("DP_LOSS", "DP_FSDP", "DP_LORA", "DP_CHECKPOINTING", "DP_BETA", "DP_IDLE_RANK1", "DP_RESUME", "DP_MICRO")
+
+
+def run_cases(model: str, rank: int, world: int, store: str, outdir: str, cases: list[dict]) -> int:
+    """Every case in turn (see the module's docstring); 0, or 1 at the first case that fails."""
+    for case in cases:
+        for k in DP_VARS:
+            os.environ.pop(k, None)
+        os.environ.update(case.get("env", {}))
+        folder = os.path.join(outdir, case["name"])
+        os.makedirs(folder, exist_ok=True)
+        rendezvous = "-" if store == "-" else f"tcp://{store}/{case['name']}"
+        try:
+            run(model, case["strategy"], rank, world, rendezvous, os.path.join(folder, f"{world}-{rank}.pt"))
+        except Exception:  # noqa: BLE001 - shown by the test that reads this case's result
+            with open(os.path.join(folder, f"{world}-{rank}.err"), "w") as f:
+                f.write(traceback.format_exc())
+            return 1
+    return 0
+
+
+def main() -> None:
+    if sys.argv[1] == "--cases":
+        model, rank, world, store, outdir, cases = sys.argv[2:8]
+        sys.exit(run_cases(model, int(rank), int(world), store, outdir, json.loads(cases)))
+    model, strategy, rank, world, rendezvous, out = sys.argv[1:7]
+    run(model, strategy, int(rank), int(world), rendezvous, out)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,93 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from mutualrl.zoo import build_tiny_models  # after the offline switch above
+
+RAY = ("test_data_parallel.py", "test_exchange_hostile.py", "test_exchange_ray.py", "test_scheduler_contract.py")
+"""The modules whose tests share the session's Ray (``shared_ray``): run one after the other, so that
+Ray starts once for them and is stopped once the last of them is done."""
+
+SERIAL = {
+    # modules whose tests start worker or rank processes, Ray or vLLM, kill processes or wait on timeouts
+    *RAY, "test_allocation_local.py", "test_allocation_ray_multinode.py", "test_exchange_sqlite_procs.py",
+    "test_faults.py", "test_realmodels.py", "test_study_cli.py", "test_vllm_engine.py", "test_vllm_real_lengths.py",
+    "test_zoo.py", "test_zoo_child.py",
+    "test_export.py", "test_eval_model.py",  # vLLM in this process; they share trained_zoo_run, built once
+    # single tests of other modules (module.py::test)
+    "test_strategy_shape.py::test_user_steps_register_in_worker_processes_through_sharing_modules",
+}
+"""What ``./run tests`` runs in its second pass, one test at a time: the tests that start processes
+(the local scheduler's workers, ranks, zoo builders), Ray or vLLM, or that wait on a timeout. Its first
+pass runs the rest on two pytest-xdist workers: they run in this process and write only under their
+``tmp_path``. Measured on 2 cores, two such process-starting tests at once take longer than one after
+the other, and a Ray start next to vLLM missed its 60 s deadline; a new test that starts processes,
+Ray or vLLM belongs here."""
+
+PASS = os.environ.get("MUTUALRL_TEST_PASS", "")
+"""``parallel`` or ``serial`` (set by ``./run tests``): only that pass's tests are collected and run;
+unset (plain ``pytest``), all of them."""
+
+
+def _serial(item: pytest.Item) -> bool:
+    name = item.path.name
+    return name in SERIAL or f"{name}::{getattr(item, 'originalname', item.name)}" in SERIAL
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A pass does not import the modules it runs nothing of (every xdist worker collects)."""
+    name = collection_path.name
+    if not PASS or not (name.startswith("test_") and name.endswith(".py")):
+        return None
+    some_serial = name in SERIAL or any(k.startswith(f"{name}::") for k in SERIAL)
+    if (PASS == "parallel" and name in SERIAL) or (PASS == "serial" and not some_serial):
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if PASS:  # the tests of the other pass are deselected
+        other = [it for it in items if _serial(it) != (PASS == "serial")]
+        if other:
+            config.hook.pytest_deselected(items=other)
+            items[:] = [it for it in items if _serial(it) == (PASS == "serial")]
+    ray_items = [it for it in items if it.path.name in RAY]
+    if ray_items:  # the modules of RAY together, where the first of them was
+        first = items.index(ray_items[0])
+        rest = [it for it in items if it.path.name not in RAY]
+        items[:] = rest[:first] + ray_items + rest[first:]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """After the last test of the RAY modules (and the fixtures it leaves), the shared Ray stops."""
+    result = yield
+    if item.path.name in RAY and (nextitem is None or nextitem.path.name not in RAY) and "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    return result
+
+
+@pytest.fixture(scope="session")
+def shared_ray():
+    """``shared_ray()``: this process connected to the local Ray that the tests of the RAY modules share
+    (a start costs ~8 s on 2 cores), started at the first call (again after a test that stopped it to
+    start a Ray of its own) and stopped after the last of those modules. Its workers have tests/ on
+    PYTHONPATH (they import the reward functions of tests/test_trainer.py). Users leave it up and kill
+    what they start; a scheduler that finds Ray running leaves it running."""
+    ray = pytest.importorskip("ray")
+
+    def up():
+        if not ray.is_initialized():
+            with pytest.MonkeyPatch.context() as mp:  # the raylet, and so every worker, inherits it
+                mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent),
+                                                                      os.environ.get("PYTHONPATH")])))
+                ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        return ray
+
+    yield up
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -24,26 +24,19 @@ def _config(tiny_config: dict, **over) -> object:
     return load_config(data, check_paths=False)
 
 
-def test_two_policy_run_in_processes_writes_its_plan(tiny_config, tmp_path):
-    """Two steps in two worker processes (the kill contract is tests/test_scheduler_contract.py): the
-    plan is written and the scheduler closes its workers."""
-    cfg = _config(tiny_config, scheduler="local", steps=2)
-    sched = LocalScheduler(verbose=False)
-    MutualTrainer(cfg, tmp_path / "run", scheduler=sched, progress=False).train()
-    plan = json.loads((tmp_path / "run" / "allocation.json").read_text())
-    assert plan["plans"][0]["placements"][0]["threads"] >= 1
-    assert sched.procs == []  # closed
-
-
-def test_a_run_can_calibrate_before_its_first_plan(tiny_config, tmp_path):
-    """``calibrate=N`` (``mutualrl train --calibrate``): real steps of each policy are timed before the
-    workers start and the first plan the workers get is made from them, not from the FLOP prior."""
+def test_a_run_in_processes_can_calibrate_before_its_first_plan_and_writes_its_plans(tiny_config, tmp_path):
+    """A two-policy run in two worker processes (the kill contract is tests/test_scheduler_contract.py)
+    with ``calibrate=N`` (``mutualrl train --calibrate``): real steps of each policy are timed before the
+    workers start and the first plan the workers get is made from them, not from the FLOP prior; the
+    plans are written and the scheduler closes its workers."""
     cfg = _config(tiny_config, scheduler="local", steps=1)
-    MutualTrainer(cfg, tmp_path / "run", scheduler=LocalScheduler(verbose=False), progress=False,
-                  calibrate=2).train()
+    sched = LocalScheduler(verbose=False)
+    MutualTrainer(cfg, tmp_path / "run", scheduler=sched, progress=False, calibrate=2).train()
     plans = json.loads((tmp_path / "run" / "allocation.json").read_text())["plans"]
     assert [p["reason"] for p in plans[:2]] == ["initial", "calibrated on 2 real step(s) before the start"]
     assert plans[0]["calibrated"] is False and plans[1]["calibrated"] is True
+    assert all(p["threads"] >= 1 for plan in plans for p in plan["placements"])
+    assert sched.procs == []  # closed
 
 
 def test_killed_and_hung_workers_raise_worker_failed(tiny_config):

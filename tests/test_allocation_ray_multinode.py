@@ -19,6 +19,8 @@ from mutualrl.run.trainer import MutualTrainer
 def two_nodes():
     from ray.cluster_utils import Cluster
 
+    if ray.is_initialized():  # the session's shared Ray (conftest.py): this module runs a cluster of its own
+        ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"mrl_head": 1},
                                                              "include_dashboard": False})
     cluster.add_node(num_cpus=1, resources={"mrl_second": 1})

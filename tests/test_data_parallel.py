@@ -22,27 +22,70 @@ from mutualrl.config.resolve import load_config
 HERE = Path(__file__).resolve().parent
 
 
-def _ranks(model: Path, strategy: str, out: Path, loss: str, fsdp: bool = False) -> tuple[dict, list[dict]]:
-    """The single worker's reference and 2 gloo ranks on the same batch, all three processes at once
-    (they share nothing but the files they write): the reference's result and the ranks'."""
+GLOO_CASES = {  # test id: (strategy, loss, micro-batch tokens of the ranks)
+    "independent-grpo-": ("independent", "grpo", ""), "independent-dr_grpo-": ("independent", "dr_grpo", ""),
+    "imitate-dapo-": ("imitate", "dapo", ""), "imitate-grpo-12": ("imitate", "grpo", "12")}
+FSDP_CASES = {  # test id: (strategy, tests/_dp_rank.py's options)
+    "independent-options0": ("independent", {}),
+    "imitate-options1": ("imitate", {"DP_LORA": "1", "DP_CHECKPOINTING": "1", "DP_BETA": "0.05", "DP_RESUME": "1"}),
+    "imitate-options2": ("imitate", {"DP_BETA": "0.05", "DP_IDLE_RANK1": "1"}),
+    "imitate-options3": ("imitate", {"DP_BETA": "0.05", "DP_MICRO": "12"})}
+UPDATE_TESTS = {"test_two_gloo_ranks_take_the_single_worker_update": "gloo",
+                "test_fsdp_ranks_take_the_single_worker_update": "fsdp"}
+
+
+def _case_list(selected: set[str]) -> list[dict]:
+    """The updates of the selected tests (``gloo-ID``/``fsdp-ID``), as tests/_dp_rank.py's ``--cases``."""
+    cases = [{"name": f"gloo-{i}", "strategy": st, "env": {"DP_LOSS": loss, "DP_MICRO": micro}}
+             for i, (st, loss, micro) in GLOO_CASES.items()]
+    cases += [{"name": f"fsdp-{i}", "strategy": st, "env": {"DP_LOSS": "grpo", **opts, "DP_FSDP": "1"}}
+              for i, (st, opts) in FSDP_CASES.items()]
+    return [c for c in cases if c["name"] in selected]
+
+
+@pytest.fixture(scope="module")
+def rank_updates(tiny_models, tmp_path_factory, request):
+    """The single worker's reference and 2 gloo ranks of every selected update test below, three
+    processes at once (they share nothing but the files they write), each running the cases one after
+    the other: the processes start once for the module, not once a test. ``rank_updates(name)`` is the
+    reference's result and the ranks' for the case ``name``."""
+    wanted = {f"{UPDATE_TESTS[it.originalname]}-{it.callspec.id}" for it in request.session.items
+              if getattr(it, "originalname", None) in UPDATE_TESTS}
+    cases = _case_list(wanted)
+    out = tmp_path_factory.mktemp("dp_ranks")
     store = serve_store("127.0.0.1", 60)
-    env = dict(os.environ, OMP_NUM_THREADS="1", DP_LOSS=loss, PYTHONPATH=str(HERE.parent))
-    env.pop("DP_FSDP", None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DP_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parent))
+    model = str(tiny_models["tiny-gpt2"])
 
-    def launch(rank: int, world: int, rv: str, extra: dict) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, str(HERE / "_dp_rank.py"), str(model), strategy, str(rank),
-                                 str(world), rv, str(out / f"{world}-{rank}.pt")], env={**env, **extra})
+    def launch(rank: int, world: int, where: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(HERE / "_dp_rank.py"), "--cases", model, str(rank), str(world),
+                                 where, str(out), json.dumps(cases)], env=env)
 
-    procs = [launch(0, 1, "-", {})] + [launch(r, 2, f"tcp://127.0.0.1:{store.port}/p", {"DP_FSDP": "1"} if fsdp else {})
-                                        for r in range(2)]
-    assert [p.wait(timeout=120) for p in procs] == [0] * 3
-    one, *two = (torch.load(out / f) for f in ("1-0.pt", "2-0.pt", "2-1.pt"))
-    return one, two
+    # the reference takes every case on one worker (DP_FSDP and DP_MICRO act on ranks only)
+    procs = [launch(0, 1, "-")] + [launch(r, 2, f"127.0.0.1:{store.port}") for r in range(2)]
+    try:
+        codes = [p.wait(timeout=120 + 60 * len(cases)) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+    def result(name: str) -> tuple[dict, list[dict]]:
+        files = [out / name / f for f in ("1-0.pt", "2-0.pt", "2-1.pt")]
+        errors = "".join(e.read_text() for e in (f.with_suffix(".err") for f in files) if e.is_file())
+        failed = sorted({e.parent.name for e in out.glob("*/*.err")})  # a process stops at its first failure
+        assert all(f.is_file() for f in files), f"{name}: no result (exit codes {codes}, failed: {failed})\n{errors}"
+        assert codes == [0, 0, 0] or failed, f"exit codes {codes}, yet no case failed"
+        one, *two = (torch.load(f) for f in files)
+        return one, two
+
+    yield result
+    del store
 
 
-@pytest.mark.parametrize(("strategy", "loss", "micro"), [("independent", "grpo", ""), ("independent", "dr_grpo", ""),
-                                                    ("imitate", "dapo", ""), ("imitate", "grpo", "12")])
-def test_two_gloo_ranks_take_the_single_worker_update(tiny_models, tmp_path, monkeypatch, strategy, loss, micro):
+@pytest.mark.parametrize(("strategy", "loss", "micro"), list(GLOO_CASES.values()), ids=list(GLOO_CASES))
+def test_two_gloo_ranks_take_the_single_worker_update(rank_updates, request, strategy, loss, micro):
     """Each rank trains on its share of the prompts (3 and 2: uneven, and imitate's rows all on rank 0,
     so rank 1 joins that phase with a zero gradient) with the counts summed and the gradients
     all-reduced. After two updates of two PPO iterations each (and imitate's own supervised phase):
@@ -51,8 +94,7 @@ def test_two_gloo_ranks_take_the_single_worker_update(tiny_models, tmp_path, mon
     instead of summing would halve it), and both ranks hold the single worker's weights. With
     ``micro``, the ranks accumulate over micro-batches of at most 12 forward tokens (every group cut
     into pieces, a different count on each rank) while the reference runs each phase at once."""
-    monkeypatch.setenv("DP_MICRO", micro)
-    one, two = _ranks(tiny_models["tiny-gpt2"], strategy, tmp_path, loss)
+    one, two = rank_updates(f"gloo-{request.node.callspec.id}")
     if micro:  # the ranks really cut their rows, each its own number of pieces; the reference did not
         assert one["stats"]["micro_batches"] == 1
         assert all(r["stats"]["micro_batches"] > 1 for r in two)
@@ -69,12 +111,8 @@ def test_two_gloo_ranks_take_the_single_worker_update(tiny_models, tmp_path, mon
     assert torch.equal(two[0]["params"], two[1]["params"])  # the ranks never drift apart
 
 
-@pytest.mark.parametrize(("strategy", "options"), [
-    ("independent", {}),
-    ("imitate", {"DP_LORA": "1", "DP_CHECKPOINTING": "1", "DP_BETA": "0.05", "DP_RESUME": "1"}),
-    ("imitate", {"DP_BETA": "0.05", "DP_IDLE_RANK1": "1"}),
-    ("imitate", {"DP_BETA": "0.05", "DP_MICRO": "12"})])
-def test_fsdp_ranks_take_the_single_worker_update(tiny_models, tmp_path, monkeypatch, strategy, options):
+@pytest.mark.parametrize(("strategy", "options"), list(FSDP_CASES.values()), ids=list(FSDP_CASES))
+def test_fsdp_ranks_take_the_single_worker_update(rank_updates, request, strategy, options):
     """FSDP2 over 2 gloo ranks (weights, gradients and AdamW moments sharded; gradients reduce-scattered
     as a sum): the same update as one worker on the whole batch, rank 1 joining imitate's phase with a
     dummy row; with LoRA, gradient checkpointing and a KL term, and through a checkpoint written by the
@@ -83,9 +121,7 @@ def test_fsdp_ranks_take_the_single_worker_update(tiny_models, tmp_path, monkeyp
     phase and in the reference forward); and with micro-batches of at most 12 forward tokens on the
     ranks (rank 0 has more than rank 1, which runs dummy micro-batches to keep FSDP's collectives in
     step) against the reference's one forward per phase."""
-    for k, v in options.items():
-        monkeypatch.setenv(k, v)
-    one, two = _ranks(tiny_models["tiny-gpt2"], strategy, tmp_path, "grpo", fsdp=True)
+    one, two = rank_updates(f"fsdp-{request.node.callspec.id}")
     if options.get("DP_MICRO"):  # several micro-batches, as many on each rank (the lighter one runs dummies)
         assert one["stats"]["micro_batches"] == 1
         assert two[0]["stats"]["micro_batches"] == two[1]["stats"]["micro_batches"] > 1
@@ -176,58 +212,6 @@ def uninterrupted(tiny_models, tmp_path_factory) -> dict[str, Path]:
     return run  # type: ignore[return-value]
 
 
-def test_a_two_rank_policy_on_ray_trains_checkpoints_and_resumes_exactly(uninterrupted, tmp_path):
-    """Policy ``a`` on 2 Ray actors beside ``b`` on one, sharing (imitate): a run cut after step 2 and
-    resumed logs the metrics of the uninterrupted run under the local scheduler (machine measurements
-    aside): the same ranks, the same steps, whichever scheduler runs them. (The local scheduler's own
-    crash and exact resume: the killed-rank test below.)"""
-    pytest.importorskip("ray")
-    from _stop import _Stop, _StopAfterStep2
-
-    from mutualrl.run.trainer import MutualTrainer
-
-    cfg = _two_rank_config(uninterrupted.tiny, "ray")
-    full = uninterrupted("local")
-    cut = tmp_path / "cut"
-    with pytest.raises(_Stop):
-        _StopAfterStep2(cfg, cut, progress=False).train()
-    MutualTrainer(cfg, cut, resume=True, progress=False).train()
-    a, b = _metrics(full), _metrics(cut)
-    assert [r["step"] for r in a if r.get("event") is None] == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert any(r.get("event") == "eval" for r in a)
-    assert a == b
-    info = json.loads((full / "policies.json").read_text())
-    assert [i.get("ranks", 1) for i in info] == [2, 1] and len(set(info[0]["rank_pids"])) == 2
-
-
-def test_an_fsdp_policy_trains_checkpoints_and_resumes_exactly(uninterrupted, tmp_path, monkeypatch):
-    """Policy ``a`` sharded over 2 ranks (FSDP2) beside ``b``, sharing (imitate): the uninterrupted run
-    under the Ray scheduler (the ranks as actors, gloo between them, the rendezvous at the driver) and a
-    run under the local scheduler cut after step 2 and resumed from its gathered checkpoint log the
-    same metrics."""
-    pytest.importorskip("ray")
-    from _stop import _Stop, _StopAfterStep2
-
-    from mutualrl.run.trainer import MutualTrainer
-
-    cfg = _two_rank_config(uninterrupted.tiny, "local")
-    cfg["policies"][0]["fsdp"] = True
-    # a dense reward (shorter is better), no filtering: every step trains the sharded policy
-    cfg["task"] = dict(cfg["task"], reward_functions=["test_trainer:reward_brevity"])
-    cfg["grpo"] = dict(cfg["grpo"], dynamic_sampling="off")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
-    full, cut = tmp_path / "ray", tmp_path / "cut"
-    MutualTrainer(dict(cfg, scheduler="ray"), full, progress=False).train()
-    with pytest.raises(_Stop):
-        _StopAfterStep2(cfg, cut, progress=False).train()
-    MutualTrainer(cfg, cut, resume=True, progress=False).train()
-    a, b = _metrics(full), _metrics(cut)
-    assert [r["step"] for r in a if r.get("event") is None] == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert a == b
-    steps = [r for r in a if r.get("event") is None and r["policy"] == "a"]
-    assert all(r["optimizer_steps"] >= 1 for r in steps)  # the sharded policy trained every step
-
-
 def test_the_async_loop_with_a_two_rank_policy_logs_the_sync_loops_metrics(uninterrupted, tmp_path):
     """``sync: async`` with ``a`` on 2 ranks: a sharing update waits for every peer's rollouts of its
     step, so bounded staleness changes when steps run, not what they compute: the same metrics as
@@ -250,51 +234,6 @@ def _exchange_rows(run_dir: Path) -> list[tuple]:
         return sorted(db.execute("SELECT kind, prompt_id, source_policy, version FROM experience").fetchall())
 
 
-def test_a_rank_killed_in_its_update_is_named_and_resume_is_exact(uninterrupted, tmp_path, monkeypatch):
-    """Rank 1 of ``a`` dies inside its update of step 2 while rank 0 waits for it in a collective: the
-    run stops naming rank 1 (not the rank left waiting) and the last good checkpoint; resumed, it logs
-    what the uninterrupted run logs and its exchange holds that run's rows, each once."""
-    from mutualrl.allocation import WorkerFailed
-    from mutualrl.run.trainer import MutualTrainer
-
-    cfg = _two_rank_config(uninterrupted.tiny, "local")
-    full = uninterrupted("local")
-    monkeypatch.setenv("MUTUALRL_FAULT_POINT", "update:3")
-    monkeypatch.setenv("MUTUALRL_FAULT_WORKER", "a rank 1")
-    cut = tmp_path / "cut"
-    with pytest.raises(WorkerFailed) as exc:
-        MutualTrainer(cfg, cut, progress=False).train()
-    assert exc.value.worker == "a rank 1", str(exc.value)
-    assert "killed by signal 9" in str(exc.value)
-    assert exc.value.checkpoint is not None and exc.value.checkpoint.endswith("step_000002")
-    monkeypatch.delenv("MUTUALRL_FAULT_POINT")
-    # resuming a's 2-rank state on 1 worker would not continue the ranks' sampling: refused, naming workers
-    one = dict(cfg, policies=[dict(cfg["policies"][0], workers=1), cfg["policies"][1]])
-    with pytest.raises(ConfigError, match=r"policies\.0\.workers.*cannot change when resuming"):
-        MutualTrainer(one, cut, resume=True, progress=False).train()
-    MutualTrainer(cfg, cut, resume=True, progress=False).train()
-    assert _metrics(cut) == _metrics(full)
-    assert _exchange_rows(cut) == _exchange_rows(full)  # none lost, none twice
-
-
-def test_a_rank_actor_killed_in_its_update_is_named_under_ray(uninterrupted, tmp_path, monkeypatch):
-    """Under the Ray scheduler, rank 1 of ``a`` dies inside its update of step 2 while rank 0 waits in
-    the collective: the run stops naming rank 1 and the last good checkpoint."""
-    ray = pytest.importorskip("ray")
-    from mutualrl.allocation import WorkerFailed
-    from mutualrl.run.trainer import MutualTrainer
-
-    if ray.is_initialized():
-        ray.shutdown()  # the actors must start with this test's environment
-    monkeypatch.setenv("MUTUALRL_FAULT_POINT", "update:3")
-    monkeypatch.setenv("MUTUALRL_FAULT_WORKER", "a rank 1")
-    cfg = dict(_two_rank_config(uninterrupted.tiny, "ray"), step_timeout_s=60.0)
-    with pytest.raises(WorkerFailed) as exc:
-        MutualTrainer(cfg, tmp_path / "cut", progress=False).train()
-    assert exc.value.worker == "a rank 1", str(exc.value)
-    assert exc.value.checkpoint is not None and exc.value.checkpoint.endswith("step_000002")
-
-
 def test_a_hung_rank_is_named_within_the_step_timeout(tiny_config, tmp_path, monkeypatch):
     """Rank 1 of ``a`` stops answering inside its update: after ``step_timeout_s`` the run stops naming
     rank 1 (the one behind in the collectives), not rank 0 that waits for it."""
@@ -311,6 +250,84 @@ def test_a_hung_rank_is_named_within_the_step_timeout(tiny_config, tmp_path, mon
     assert exc.value.worker == "a rank 1", str(exc.value)
     assert "step_timeout_s" in str(exc.value) or "fell behind" in str(exc.value)
     assert time.monotonic() - t0 < 8.0 + 60.0  # the timeout, plus starting the workers
+
+
+def test_a_rank_actor_killed_under_ray_is_named_and_the_resume_under_ray_is_exact(uninterrupted, shared_ray, tmp_path,
+                                                                                   monkeypatch):
+    """Policy ``a`` on 2 Ray actors beside ``b`` on one, sharing (imitate). Rank 1 of ``a`` dies inside
+    its update of step 2 while rank 0 waits in the collective: the run stops naming rank 1 and the
+    last good checkpoint. A resume that would change ``a``'s workers is refused (it would not continue
+    the ranks' sampling); resumed under Ray, the run logs the metrics of the uninterrupted run under
+    the local scheduler (machine measurements aside) and its exchange holds that run's rows, each once:
+    the same ranks, the same steps, whichever scheduler runs them."""
+    ray = pytest.importorskip("ray")
+    from mutualrl.allocation import WorkerFailed
+    from mutualrl.run.trainer import MutualTrainer
+
+    if ray.is_initialized():
+        ray.shutdown()  # the actors of the run to kill start with the fault in their environment: a Ray of its own
+    monkeypatch.setenv("MUTUALRL_FAULT_POINT", "update:3")
+    monkeypatch.setenv("MUTUALRL_FAULT_WORKER", "a rank 1")
+    cfg = dict(_two_rank_config(uninterrupted.tiny, "ray"), step_timeout_s=60.0)
+    cut = tmp_path / "cut"
+    with pytest.raises(WorkerFailed) as exc:
+        MutualTrainer(cfg, cut, progress=False).train()
+    assert exc.value.worker == "a rank 1", str(exc.value)
+    assert exc.value.checkpoint is not None and exc.value.checkpoint.endswith("step_000002")
+    monkeypatch.delenv("MUTUALRL_FAULT_POINT")
+    monkeypatch.delenv("MUTUALRL_FAULT_WORKER")
+    if ray.is_initialized():
+        ray.shutdown()
+    shared_ray()  # the resume on the shared Ray, started without the fault
+    one = dict(cfg, policies=[dict(cfg["policies"][0], workers=1), cfg["policies"][1]])
+    with pytest.raises(ConfigError, match=r"policies\.0\.workers.*cannot change when resuming"):
+        MutualTrainer(one, cut, resume=True, progress=False).train()
+    MutualTrainer(cfg, cut, resume=True, progress=False).train()
+    full = uninterrupted("local")
+    a, b = _metrics(full), _metrics(cut)
+    assert [r["step"] for r in a if r.get("event") is None] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert any(r.get("event") == "eval" for r in a)
+    assert a == b
+    assert _exchange_rows(cut) == _exchange_rows(full)  # none lost, none twice
+    info = json.loads((full / "policies.json").read_text())
+    assert [i.get("ranks", 1) for i in info] == [2, 1] and len(set(info[0]["rank_pids"])) == 2
+
+
+def test_an_fsdp_rank_killed_in_its_update_is_named_and_the_resume_is_exact(uninterrupted, shared_ray, tmp_path,
+                                                                            monkeypatch):
+    """Policy ``a`` sharded over 2 ranks (FSDP2) beside ``b``, sharing (imitate): the uninterrupted run
+    under the Ray scheduler (the ranks as actors, gloo between them, the rendezvous at the driver); under
+    the local scheduler, rank 1 of ``a`` dies inside its update of step 2 while rank 0 waits for it in a
+    collective: the run stops naming rank 1 (not the rank left waiting) and the last good checkpoint;
+    resumed from its gathered checkpoint into fresh shards, it logs the Ray run's metrics and its
+    exchange holds that run's rows, each once."""
+    shared_ray()
+    from mutualrl.allocation import WorkerFailed
+    from mutualrl.run.trainer import MutualTrainer
+
+    cfg = _two_rank_config(uninterrupted.tiny, "local")
+    cfg["policies"][0]["fsdp"] = True
+    # a dense reward (shorter is better), no filtering: every step trains the sharded policy
+    cfg["task"] = dict(cfg["task"], reward_functions=["test_trainer:reward_brevity"])
+    cfg["grpo"] = dict(cfg["grpo"], dynamic_sampling="off")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+    full, cut = tmp_path / "ray", tmp_path / "cut"
+    MutualTrainer(dict(cfg, scheduler="ray"), full, progress=False).train()
+    monkeypatch.setenv("MUTUALRL_FAULT_POINT", "update:3")
+    monkeypatch.setenv("MUTUALRL_FAULT_WORKER", "a rank 1")
+    with pytest.raises(WorkerFailed) as exc:
+        MutualTrainer(cfg, cut, progress=False).train()
+    assert exc.value.worker == "a rank 1", str(exc.value)
+    assert "killed by signal 9" in str(exc.value)
+    assert exc.value.checkpoint is not None and exc.value.checkpoint.endswith("step_000002")
+    monkeypatch.delenv("MUTUALRL_FAULT_POINT")
+    MutualTrainer(cfg, cut, resume=True, progress=False).train()
+    a, b = _metrics(full), _metrics(cut)
+    assert [r["step"] for r in a if r.get("event") is None] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert a == b
+    steps = [r for r in a if r.get("event") is None and r["policy"] == "a"]
+    assert all(r["optimizer_steps"] >= 1 for r in steps)  # the sharded policy trained every step
+    assert _exchange_rows(cut) == _exchange_rows(full)  # none lost, none twice
 
 
 def test_mwra_splits_gpus_to_balance_the_step():

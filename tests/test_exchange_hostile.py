@@ -88,11 +88,11 @@ def test_parse_accepts_or_refuses_and_never_raises_anything_else(d: dict, raw: b
 @pytest.fixture(params=["memory", "sqlite", "ray"])
 def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if request.param == "ray":
-        ray = pytest.importorskip("ray")
-        if not ray.is_initialized():
-            ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        request.getfixturevalue("shared_ray")()
+        # one exchange actor for all the examples (each example joins it, as with sqlite's one file):
+        # the examples pay a publish, not an actor's start
         yield "ray://hostile-test"
-        ray.shutdown()
+        open_exchange("ray://hostile-test", limits=LIMITS).destroy()  # type: ignore[attr-defined]
     elif request.param == "sqlite":
         yield f"sqlite:///{tmp_path_factory.mktemp('ex')}/h.db"
     else:
@@ -118,8 +118,6 @@ def test_a_batch_keeps_its_good_rows_whatever_the_bad_ones_hold(backend: str, ba
         assert {g.record_id for g in good} <= got | before  # every honest row landed (or was there)
         assert all(math.isfinite(x) for r in ex.query(["p1"]) for x in r.logprobs)
     finally:
-        if backend.startswith("ray"):
-            ex.destroy()  # type: ignore[attr-defined]
         ex.close()
 
 

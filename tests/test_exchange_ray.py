@@ -44,14 +44,14 @@ class Writer:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
+def ray_cluster(shared_ray) -> Iterator[None]:
     # Ship this module's classes to the workers by value (tests/ is not importable there).
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    shared_ray()  # the session's Ray (conftest.py), left up
     try:
         yield
     finally:
-        ray.shutdown()
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def test_two_writer_actors_and_a_reader(ray_cluster: None, tmp_path: Path) -> None:

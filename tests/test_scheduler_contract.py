@@ -15,7 +15,7 @@ from mutualrl.config.resolve import load_config
 from mutualrl.run.trainer import MutualTrainer
 
 
-def _local():
+def _local(request):
     from mutualrl.allocation.local import LocalScheduler
 
     class KillAtStep2(LocalScheduler):
@@ -27,12 +27,9 @@ def _local():
     return KillAtStep2(verbose=False), lambda sched: sched.procs == []  # every worker process closed
 
 
-def _ray():
-    ray = pytest.importorskip("ray")
+def _ray(request):
+    ray = request.getfixturevalue("shared_ray")()  # the session's Ray (conftest.py)
     from mutualrl.allocation.ray_scheduler import RayScheduler
-
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 
     class KillAtStep2(RayScheduler):
         def _call(self, method, *args):
@@ -47,23 +44,11 @@ def _ray():
     return KillAtStep2(verbose=False), extra
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _stop_ray():
-    yield
-    try:
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
-    except ImportError:
-        pass
-
-
 @pytest.mark.parametrize("make", [_local, _ray], ids=["local", "ray"])
-def test_a_killed_worker_stops_the_run_cleanly(make, tiny_config, tmp_path):
+def test_a_killed_worker_stops_the_run_cleanly(make, tiny_config, tmp_path, request):
     cfg = load_config({**tiny_config, "steps": 3, "eval_every": 100, "eval_size": 8, "checkpoint_every": 2,
                        "sharing": {"strategy": "xgrpo"}, "step_timeout_s": 120.0}, check_paths=False)
-    sched, extra = make()
+    sched, extra = make(request)
     trainer = MutualTrainer(cfg, tmp_path / "run", scheduler=sched, progress=False)
     with pytest.raises(WorkerFailed) as exc:
         trainer.train()
