@@ -117,6 +117,59 @@ def test_a_specialisation_whose_left_out_skill_stays_above_its_band_is_nudged(mo
     assert all(s["above"] == ["sub"] and s["below"] == [] for s in nudges)
 
 
+def test_the_generalist_phase_runs_at_its_own_rate_and_the_specialisation_at_a_third_of_lr(monkeypatch):
+    """generalist_lr sets the generalist phase's rate (0: lr); the specialisation runs at lr / 3
+    either way (what the optimizer was given at each step, warm-up past)."""
+    import torch
+
+    from mutualrl.zoo import steps as steps_module
+    from mutualrl.zoo.build import corpus
+    from mutualrl.zoo.sft import sft
+    from mutualrl.zoo.tokenizers import train_tokenizer
+
+    seen: list[float] = []
+    original = steps_module.Steps.step
+
+    def step(self, mixture):
+        loss = original(self, mixture)
+        seen.append(self.opt.param_groups[0]["lr"])
+        return loss
+
+    monkeypatch.setattr(steps_module.Steps, "step", step)
+    task = zoo.default_task(0, test_size=10, train_size=2000)
+    for general, want in ((1e-3, 1e-3), (0.0, 6e-3)):
+        spec = _tiny(lr=6e-3, generalist_lr=general, warmup_steps=1, sft_max_steps=40, stall_patience=0)
+        _script(monkeypatch, [lambda n: READY if n == 0 else {"add": 0.6, "sub": 0.03}])
+        tok = train_tokenizer(spec.tokenizer, corpus(task, limit=500), spec.vocab_size)
+        torch.manual_seed(0)
+        seen.clear()
+        res = sft(zoo.build_model(spec, tok), tok, task, spec, 0)
+        assert res.landed and res.phase_steps == {"generalist": 10, "specialise": 10}
+        assert seen == pytest.approx([want] * 10 + [2e-3] * 10)
+    assert zoo.ZOO["gpt2-add"].generalist_lr == 1e-3 and zoo.ZOO["llama-sub"].generalist_lr == 0.0
+    spec = zoo.ZOO["llama-sub"]
+    assert spec.cache_key(1) != dataclasses.replace(spec, generalist_lr=1e-3).cache_key(1)
+    assert spec.cache_key(1) == dataclasses.replace(spec, generalist_lr=0.0).cache_key(1)
+    with pytest.raises(UserError, match="generalist_lr"):
+        dataclasses.replace(spec, generalist_lr=-1.0).check(["add", "sub"])
+
+
+def test_the_shipped_gpt2_add_stands_for_seed_0_of_todays_recipe():
+    """The shipped gpt2-add ran its generalist phase at lr (3e-3); today's default runs it at 1e-3.
+    The shipped build still serves build seed 0 of the default spec (and of the spec it was built
+    from); any other rate, seed or `--rebuild` is built locally."""
+    from mutualrl.zoo.build import is_shipped, policy_dir
+    from mutualrl.zoo.shipped import SHIPPED_ROOT, shipped_built_with
+
+    default = zoo.ZOO["gpt2-add"]
+    assert shipped_built_with("gpt2-add") == {"generalist_lr": 0.0} and shipped_built_with("llama-sub") == {}
+    assert is_shipped("gpt2-add") and is_shipped("gpt2-add", 0, dataclasses.replace(default, generalist_lr=0.0))
+    assert not is_shipped("gpt2-add", 0, dataclasses.replace(default, generalist_lr=5e-4))
+    assert not is_shipped("gpt2-add", 1)
+    assert policy_dir("gpt2-add").parent == SHIPPED_ROOT
+    assert policy_dir("gpt2-add", shipped=False).parent.parent != SHIPPED_ROOT
+
+
 def _task_file(tmp_path, **entry):
     import yaml
 

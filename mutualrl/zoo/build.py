@@ -9,6 +9,7 @@ Built policies are ordinary Hugging Face directories (``config.json``, ``model.s
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -31,7 +32,7 @@ from mutualrl.zoo.evaluate import evaluate
 from mutualrl.zoo.models import build_model
 from mutualrl.zoo.parallel import build_in_processes
 from mutualrl.zoo.sft import SFTResult, ZooBandError, band_failure, sft
-from mutualrl.zoo.shipped import shipped_key, shipped_version, verified_dir
+from mutualrl.zoo.shipped import shipped_built_with, shipped_key, shipped_version, verified_dir
 from mutualrl.zoo.specs import DEFAULT_NAMES, ZOO, ZOO_VERSION, ZooSpec, check_names
 from mutualrl.zoo.stall import init_seed
 from mutualrl.zoo.steps import check_task_size
@@ -56,11 +57,16 @@ def task_key(task: Any | None) -> str:
 def is_shipped(name: str, seed: int = 0, spec: ZooSpec | None = None, task: Any | None = None) -> bool:
     """Whether ``name`` at build ``seed`` for ``task`` is one of the shipped, prebuilt policies
     (:mod:`mutualrl.zoo.shipped`): the default spec, build seed 0, the zoo task (the key is the one of
-    the :data:`~mutualrl.zoo.specs.ZOO_VERSION` they were built under)."""
+    the :data:`~mutualrl.zoo.specs.ZOO_VERSION` they were built under; a field the default recipe
+    changed since counts at the value the shipped build used: :func:`~mutualrl.zoo.shipped.shipped_built_with`)."""
     spec = spec if spec is not None else ZOO.get(name)
     version = shipped_version(name)
-    return (spec is not None and task is None and seed == 0 and version is not None
-            and shipped_key(name) == spec.cache_key(seed, task_key(task), version=version))
+    if spec is None or task is not None or seed != 0 or version is None:
+        return False
+    default = ZOO.get(name)
+    then = {k: v for k, v in shipped_built_with(name).items()
+            if default is not None and getattr(spec, k) == getattr(default, k)}
+    return shipped_key(name) == dataclasses.replace(spec, **then).cache_key(seed, task_key(task), version=version)
 
 
 def _zoo_task_key(seed: int) -> str:

@@ -38,7 +38,7 @@ from typing import Any
 
 from mutualrl.errors import UserError
 from mutualrl.zoo.evaluate import accuracy
-from mutualrl.zoo.specs import ZooSpec
+from mutualrl.zoo.specs import ZooSpec, rate_levers
 from mutualrl.zoo.stall import Stall, StallWatch, landing_edges, stall_message
 from mutualrl.zoo.steps import Steps, warm_start_split
 
@@ -263,15 +263,16 @@ def _banded_check(spec: ZooSpec, res: SFTResult, state: _Steering, check: dict[s
 
 
 def _generalist(run: _Run) -> bool:
-    """The generalist phase: an even mixture of every type until each reaches
-    ``spec.generalist_target`` on validation (then the specialisation lets the other skills fade
-    into their bands: a skill learned and partly forgotten comes back from far fewer examples than
-    one never learned). A type that has reached the target while another makes no progress for
+    """The generalist phase: an even mixture of every type, at ``spec.generalist_lr`` (0: ``spec.lr``),
+    until each reaches ``spec.generalist_target`` on validation (then the specialisation lets the
+    other skills fade into their bands: a skill learned and partly forgotten comes back from far
+    fewer examples than one never learned). A type that has reached the target while another makes no progress for
     ``stall_patience`` checks is fed less (:func:`_steer`: half its share; the lagging one 1.5x).
     Returns False, with ``res.gave_up`` set, when the phase's cap is reached or it stalled."""
     spec, res = run.steps.spec, run.res
     target = spec.generalist_target
     mixture = {k: 1.0 for k in sorted(spec.bands)}
+    run.steps.base_lr = spec.generalist_lr or spec.lr
     watch = run.begin("generalist", spec.generalist_max_steps, {k: (target, 1.0) for k in spec.bands})
     for _ in range(spec.generalist_max_steps):
         run.step(mixture)
@@ -316,7 +317,7 @@ def _specialise(run: _Run) -> None:
     ``stall_checks`` stalls the phase."""
     spec, res, start = run.steps.spec, run.res, run.steps.done
     mixture = {k: float(v) for k, v in spec.sft_mixture.items()}
-    run.steps.lr_scale = SPECIALISE_LR_SCALE
+    run.steps.base_lr, run.steps.lr_scale = spec.lr, SPECIALISE_LR_SCALE
     watch = run.begin("specialise", spec.sft_max_steps, landing_edges(spec.bands, spec.band_margin))
     for local in range(spec.sft_max_steps):
         run.step(mixture)
@@ -399,5 +400,5 @@ def band_failure(spec: ZooSpec, res: SFTResult, attempts: Sequence[dict[str, Any
                         f"({why}; {len(res.steering)} steering checks): validation accuracy "
                         f"{got}. Levers: more steps (--max-steps: sft_max_steps {spec.sft_max_steps}, "
                         f"generalist_max_steps {spec.generalist_max_steps}), another build seed (--seed), another "
-                        f"learning rate (--lr, now {spec.lr:g}), wider bands or another mixture (a zoo task file); "
+                        f"learning rate ({rate_levers(spec)}), wider bands or another mixture (a zoo task file); "
                         f"nothing was written to the cache", details)

@@ -4,7 +4,8 @@ A zoo build is deterministic on one CPU, but floating-point rounding differs bet
 variants of the same machine kind gave three different zoos, and on one the warm start never
 landed), so the default policies are not rebuilt on each machine: ``mutualrl/zoo/shipped/<name>``
 holds the built directory (weights, tokenizer, card) and ``MANIFEST.json`` the sha256 of every
-file and the cache key of the spec they were built from (build seed 0, the zoo task). Any other
+file and the cache key of the spec they were built from (build seed 0, the zoo task; ``built_with``
+names a field the default spec has changed since, with the value the shipped build used). Any other
 seed, spec or task is built locally (:func:`mutualrl.zoo.build.build_zoo`); ``mutualrl zoo build
 --rebuild`` builds the default ones on this machine instead.
 """
@@ -55,6 +56,14 @@ def shipped_version(name: str) -> str | None:
     was computed with it; None when it is not shipped)."""
     entry = manifest().get(name)
     return entry["zoo_version"] if entry else None
+
+
+def shipped_built_with(name: str) -> dict[str, Any]:
+    """Spec fields whose value for the shipped ``name`` differs from today's default spec, with the
+    value it was built with (``{}`` when none, or when it is not shipped): the recipe changed after
+    it was built for other build seeds, and the shipped build still stands for build seed 0."""
+    entry = manifest().get(name)
+    return dict(entry.get("built_with", {})) if entry else {}
 
 
 @functools.cache

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mutualrl.zoo.specs import rate_levers
+
 _EPS = 1e-9
 """Slack for comparing accuracies (multiples of 1/500) after a subtraction."""
 
@@ -138,5 +140,5 @@ def stall_message(spec: Any, stall: Stall, val: dict[str, float], attempts: Sequ
             f"{restarts}: {stall.describe(spec.stall_min_gain)}; band of {stall.skill}: {lo:.0%}-{hi:.0%}; "
             f"validation accuracy {got}. Levers: another build seed (--seed), more steps before a stall "
             f"counts (--stall-checks, now {spec.stall_checks} checks), more restarts (--restarts, now "
-            f"{spec.stall_restarts}), another learning rate (--lr, now {spec.lr:g}), a looser band for "
+            f"{spec.stall_restarts}), another learning rate ({rate_levers(spec)}), a looser band for "
             f"{stall.skill} (`bands:` in a zoo task file); nothing was written to the cache")

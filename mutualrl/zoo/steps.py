@@ -1,6 +1,6 @@
 """The zoo warm start's data and optimizer steps: validation held out of the training split,
 examples encoded as prompt + answer + EOS with the loss on the completion only, and AdamW with a
-linear warm-up, then a constant learning rate (times ``lr_scale``), on batches drawn by a mixture."""
+linear warm-up, then a constant learning rate per phase (times ``lr_scale``), on batches drawn by a mixture."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def warm_start_split(task: Any, types: Iterable[str]) -> tuple[dict[str, list[An
 
 
 class Steps:
-    """The warm start's optimizer steps: AdamW with a linear warm-up, then a constant learning rate;
+    """The warm start's optimizer steps: AdamW with a linear warm-up, then the phase's constant rate;
     each batch drawn from the per-type example pools by a mixture."""
 
     def __init__(self, model: Any, tokenizer: Any, task: Any, spec: ZooSpec, seed: int) -> None:
@@ -83,13 +83,15 @@ class Steps:
         self.gen = torch.Generator().manual_seed(seed)
         self.opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=spec.weight_decay)
         self.done = 0
+        self.base_lr = spec.lr
+        """The phase's learning rate (the spec's ``lr``, or ``generalist_lr`` in the generalist phase)."""
         self.lr_scale = 1.0
 
     def step(self, mixture: dict[str, float]) -> float:
         """One optimizer step on a batch drawn by ``mixture``; returns the loss."""
         spec, types = self.spec, list(mixture)
         for group in self.opt.param_groups:
-            group["lr"] = spec.lr * self.lr_scale * min(1.0, (self.done + 1) / max(1, spec.warmup_steps))
+            group["lr"] = self.base_lr * self.lr_scale * min(1.0, (self.done + 1) / max(1, spec.warmup_steps))
         w = torch.tensor([mixture[k] for k in types], dtype=torch.float)
         kinds = torch.multinomial(w, spec.batch, replacement=True, generator=self.gen).tolist()
         batch = []
