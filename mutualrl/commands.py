@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import inspect
 import json
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from mutualrl.config import RESUMABLE
@@ -30,11 +32,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_listings(sub)
 
 
+def subcommand(sub: argparse._SubParsersAction, func: Callable[[argparse.Namespace], int],
+               help: str) -> argparse.ArgumentParser:
+    """Add the subcommand ``func`` runs, named after it (``cmd_eval``: ``eval``); its ``--help``
+    description is ``func``'s docstring (one text for the reader of the code and of ``--help``)."""
+    p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=help, description=inspect.getdoc(func))
+    p.set_defaults(func=func)
+    return p
+
+
 def _register_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train the policies of a config (one strategy)",
-                       description="Train the policies listed in CONFIG.yaml with GRPO and the configured "
-                       "sharing strategy. Writes a run directory: config.yaml, metrics.jsonl, checkpoints/, "
-                       "summary.json.")
+    p = subcommand(sub, cmd_train, "train the policies of a config (one strategy)")
     p.add_argument("config", nargs="?", help="YAML run config (omit with --resume)")
     p.add_argument("-o", "--output", help="run directory (default: runs/<config name>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last good checkpoint")
@@ -54,16 +62,10 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help="print MWRA's whole plan table at every re-plan "
                    "(default: the first plan's table, then one line per re-plan saying what changed)")
-    p.set_defaults(func=cmd_train)
 
 
 def _register_eval(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="held-out accuracy of a run's last checkpoint, or of any model on a run's task",
-                       description="mutualrl eval RUN_DIR: every policy of the run's last checkpoint on its held-out "
-                       "test problems (JSON). mutualrl eval --model DIR_OR_HUB_ID --config CFG.yaml [--policy NAME]: "
-                       "any model (a base model, an exported policy or adapter, a hub id, zoo:/real: references) on "
-                       "the same problems with the same prompts, template, answer extraction and verifier as the "
-                       "config's policy NAME in training (RUN_DIR in place of --config: the run's config).")
+    p = subcommand(sub, cmd_eval, "held-out accuracy of a run's last checkpoint, or of any model on a run's task")
     p.add_argument("run_dir", nargs="?", help="a run directory")
     p.add_argument("--size", type=int, help="number of test problems (default: the run's eval_size)")
     p.add_argument("--model", metavar="DIR_OR_HUB_ID", help="evaluate this model instead of the run's checkpoint")
@@ -76,15 +78,10 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system-prompt", help="with --model: a system prompt instead of the policy's")
     p.add_argument("--device", help="with --model: cpu (default), cuda or cuda:N")
     p.add_argument("--json", action="store_true", help="print JSON (mutualrl eval RUN_DIR always does)")
-    p.set_defaults(func=cmd_eval)
 
 
 def _register_demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the embedded default end to end: zoo, arms, report",
-                       description="Load the shipped policy zoo, run plain GRPO, the no-peer control self_imitate "
-                       "and imitate (peers' verified successes plus the learner's own; or the --arms given) on the "
-                       "same seeds and prompts, and write report.md: the peers' share (imitate minus the stronger "
-                       "single-model arm, chosen on validation) and figures.")
+    p = subcommand(sub, cmd_demo, "the embedded default end to end: zoo, arms, report")
     p.add_argument("-o", "--output", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--quick", action="store_true", help="a smaller run (fewer steps and test problems)")
     p.add_argument("--arms", default=",".join(DEMO_ARMS),
@@ -95,26 +92,17 @@ def _register_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing output directory")
     p.add_argument("--verbose", action="store_true", help="print MWRA's whole plan table every time "
                    "(default: once; later plans and re-plans one line each)")
-    p.set_defaults(func=cmd_demo)
 
 
 def _register_listings(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="rebuild the comparison report from run directories")
+    p = subcommand(sub, cmd_compare, "rebuild the comparison report from run directories")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("-o", "--output", default="report", help="output directory for report.md and figures")
-    p.set_defaults(func=cmd_compare)
-
-    p = sub.add_parser("strategies", help="list the registered sharing steps with what each does",
-                       description="Every registered sharing step (the built-in ones and those of --module "
-                       "packages): its name, what it does, its settings block (sharing.<step>:) and what it "
-                       "needs of the batch. Chain them with +, e.g. imitate+prp.")
+    p = subcommand(sub, cmd_strategies, "list the registered sharing steps with what each does")
     p.add_argument("--module", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (where your own steps are registered; repeatable)")
-    p.set_defaults(func=cmd_strategies)
-
-    p = sub.add_parser("tasks", help="list reasoning-gym datasets usable as tasks")
+    p = subcommand(sub, cmd_tasks, "list reasoning-gym datasets usable as tasks")
     p.add_argument("action", choices=["list"])
-    p.set_defaults(func=cmd_tasks)
 
 
 def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -135,7 +123,9 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """``mutualrl train``: train a config (or continue a run with ``--resume``) and print its summary."""
+    """Train the policies listed in CONFIG.yaml with GRPO and the configured sharing strategy (or
+    continue a run with --resume) and print its summary. Writes a run directory: config.yaml,
+    metrics.jsonl, checkpoints/, summary.json."""
     from mutualrl.config.resolve import resolve, resolve_run
     from mutualrl.run.trainer import MutualTrainer
 
@@ -160,7 +150,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """``mutualrl eval``: a run's last checkpoint on its held-out problems, or ``--model`` on a config's."""
+    """mutualrl eval RUN_DIR: every policy of the run's last checkpoint on its held-out test problems
+    (JSON). mutualrl eval --model DIR_OR_HUB_ID --config CFG.yaml [--policy NAME]: any model (a base
+    model, an exported policy or adapter, a hub id, zoo:/real: references) on the same problems with
+    the same prompts, template, answer extraction and verifier as the config's policy NAME in
+    training (RUN_DIR in place of --config: the run's config)."""
     from mutualrl.config.resolve import resolve_run
     from mutualrl.run.checkpoint import latest_checkpoint
     from mutualrl.run.worker import PolicyWorker
@@ -187,7 +181,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """``mutualrl demo``: the embedded default end to end (:func:`mutualrl.demo.run_demo`)."""
+    """Load the shipped policy zoo, run plain GRPO, the no-peer control self_imitate and imitate
+    (peers' verified successes plus the learner's own; or the --arms given) on the same seeds and
+    prompts, and write report.md: the peers' share (imitate minus the stronger single-model arm,
+    chosen on validation) and figures (mutualrl.demo.run_demo)."""
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -199,7 +196,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """``mutualrl compare``: the comparison report of run directories."""
+    """Rebuild the comparison report (report.md and figures) from run directories."""
     from mutualrl.study.report import write_report
 
     dirs = [Path(d) for d in args.run_dirs]
@@ -212,14 +209,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    """``mutualrl tasks list``: the reasoning-gym datasets usable as tasks."""
+    """List the reasoning-gym datasets usable as tasks (mutualrl tasks list)."""
     for name in available_datasets():
         sys.stdout.write(name + "\n")
     return 0
 
 
 def cmd_strategies(args: argparse.Namespace) -> int:
-    """``mutualrl strategies``: every registered sharing step, its settings and what it needs."""
+    """Every registered sharing step (the built-in ones and those of --module packages): its name,
+    what it does, its settings block (sharing.<step>:) and what it needs of the batch. Chain them
+    with +, e.g. imitate+prp."""
     from mutualrl.algorithms.registry import available_strategies, strategy_step
 
     for module in args.module:

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from mutualrl.allocation.memory_plan import describe_memory
+from mutualrl.commands import subcommand
 from mutualrl.errors import UserError
 
 if TYPE_CHECKING:
@@ -18,11 +19,7 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``plan`` subcommand."""
-    p = sub.add_parser("plan", help="print the MWRA resource plan of a config (no training)",
-                       description="Predict each policy's per-step cost from parameters x tokens and print how "
-                       "the workers would share this machine (or the given resources, or a Ray cluster), and each "
-                       "worker's predicted peak memory with the micro-batch budget that fits it. A plan that "
-                       "cannot fit in memory exits 2, naming the policy, the bytes and the levers.")
+    p = subcommand(sub, cmd_plan, "print the MWRA resource plan of a config (no training)")
     p.add_argument("config", help="YAML run config")
     p.add_argument("--resources", help="plan for these instead of this machine: cpus=N[,gpus=NxGiB]")
     p.add_argument("--ray", action="store_true", help="plan for the Ray cluster (RAY_ADDRESS or a local one)")
@@ -34,11 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "exchange); with --ray or --resources, each policy alone in this process as one of its "
                    "ranks runs (loads every model; minutes for real models); skipped on GPUs, whose split is "
                    "planned from the prior")
-    p.set_defaults(func=cmd_plan)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Print the plan; exit code 2 for bad input."""
+    """Predict each policy's per-step cost from parameters x tokens and print how the workers would
+    share this machine (or the given resources, or a Ray cluster), and each worker's predicted peak
+    memory with the micro-batch budget that fits it. A plan that cannot fit in memory exits 2,
+    naming the policy, the bytes and the levers."""
     from mutualrl.allocation.cost import CostModel, estimate_parameters
     from mutualrl.allocation.placement import memory_entries, place
     from mutualrl.allocation.planner import plan
