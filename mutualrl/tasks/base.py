@@ -229,35 +229,38 @@ class Task:
         self._by_id: dict[str, Problem] = {}
         for i, src in enumerate(self.sources):
             n_test = max(1, round(test_size * self.weights[i]))
-            test = src.generate("test", n_test, self.split_seed(seed, i, "test"))
-            test_q = {p.question for p in test}
             n_train = max(1, round(train_size * self.weights[i]))
-            train = [p for p in src.generate("train", n_train, self.split_seed(seed, i, "train"))
-                     if p.question not in test_q]
             n_val = round(val_size * self.weights[i]) if val_size else 0
-            if heldout_seed is not None:
-                pool = fresh_problems(src, n_test + (n_val if val_like_test else 0),
-                                      self.split_seed(heldout_seed, i, "test"),
-                                      test_q | {p.question for p in train})
-                if val_like_test:
-                    random.Random(f"{heldout_seed}:{i}:cut").shuffle(pool)
-                    test, val = pool[:n_test], pool[n_test:]
-                else:
-                    test = pool
-                    val = train[len(train) - n_val:] if n_val else []
-                    train = train[:len(train) - n_val]
-            else:
-                if len(train) - n_val < 1:
-                    raise ValueError(f"source {src.name!r} has no training problems left after removing "
-                                     f"the test{' and validation' if n_val else ''} questions; use a larger problem "
-                                     "space or a smaller test_size" + (" / val_size" if n_val else ""))
-                val = train[len(train) - n_val:] if n_val else []
-                train = train[:len(train) - n_val]
+            test, val, train = self._splits(i, n_test, n_train, n_val, heldout_seed, val_like_test)
             self.test[src.name] = test
             self.val[src.name] = val
             self.train[src.name] = train
-            for p in test + val + self.train[src.name]:
+            for p in test + val + train:
                 self._by_id[p.id] = p
+
+    def _splits(self, i: int, n_test: int, n_train: int, n_val: int, heldout_seed: int | None,
+                val_like_test: bool) -> tuple[list[Problem], list[Problem], list[Problem]]:
+        """(test, validation, train) of source ``i``: test and train drawn with the task's seed (train
+        without the test questions), validation the last ``n_val`` of train; with ``heldout_seed``
+        the test (and with ``val_like_test`` the validation) cut from fresh problems instead."""
+        src, seed = self.sources[i], self.seed
+        test = src.generate("test", n_test, self.split_seed(seed, i, "test"))
+        test_q = {p.question for p in test}
+        train = [p for p in src.generate("train", n_train, self.split_seed(seed, i, "train"))
+                 if p.question not in test_q]
+        if heldout_seed is not None:
+            pool = fresh_problems(src, n_test + (n_val if val_like_test else 0),
+                                  self.split_seed(heldout_seed, i, "test"), test_q | {p.question for p in train})
+            if val_like_test:
+                random.Random(f"{heldout_seed}:{i}:cut").shuffle(pool)
+                return pool[:n_test], pool[n_test:], train
+            test = pool
+        elif len(train) - n_val < 1:
+            raise ValueError(f"source {src.name!r} has no training problems left after removing "
+                             f"the test{' and validation' if n_val else ''} questions; use a larger problem "
+                             "space or a smaller test_size" + (" / val_size" if n_val else ""))
+        val = train[len(train) - n_val:] if n_val else []
+        return test, val, train[:len(train) - n_val]
 
     # -- problems
     def heldout_check(self, earlier: Sequence[Task]) -> dict[str, int]:
