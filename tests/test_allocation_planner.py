@@ -230,3 +230,9 @@ def test_the_cost_model_prices_a_policys_own_sharing_overrides():
     assert more.update_flops == pytest.approx(own.update_flops * (4 * 4 + 4 * 2) / (4 * 4))
     # resolved from the config (no plan at hand) it is the same price
     assert CostModel(cfg, [1000, 1000]).flops(1).update_flops == more.update_flops
+    # the placement step's planner prices the plan's own objects (run_placement passes them)
+    from mutualrl.allocation.adaptive import AdaptivePlan
+
+    mwra = AdaptivePlan(cfg, Resources(2.0), params=[1000, 1000], verbose=False,
+                        settings=[plan.spec(i).sharing for i in range(2)])
+    assert all(mwra.costs.settings[i] is plan.spec(i).sharing for i in range(2))

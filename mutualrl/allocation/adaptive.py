@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +28,18 @@ class AdaptivePlan:
         verbose: print plans to stderr.
         params: each policy's parameter count when known (default: estimated from the configs, which
             sizes every model on the meta device).
+        settings: each policy's sharing steps' settings as the run plan resolved them
+            (:attr:`~mutualrl.config.resolve.WorkerSpec.sharing`; default: resolved from ``cfg``).
     """
 
     def __init__(self, cfg: RunConfig, resources: Resources, *, threads: int | None = None,
                  allocation: Allocation | None = None, replan_threshold: float = 1.25,
-                 calibrate_steps: int = 2, verbose: bool = True, params: list[int | None] | None = None) -> None:
+                 calibrate_steps: int = 2, verbose: bool = True, params: list[int | None] | None = None,
+                 settings: Sequence[Mapping[str, Any]] = ()) -> None:
         self.cfg = cfg
         self.resources = resources
-        self.costs = CostModel(cfg, list(params) if params is not None else estimate_parameters(cfg))
+        self.costs = CostModel(cfg, list(params) if params is not None else estimate_parameters(cfg),
+                               settings=list(settings))
         self.replan_threshold = replan_threshold
         self.calibrate_steps = calibrate_steps
         self.verbose = verbose

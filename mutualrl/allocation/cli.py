@@ -47,7 +47,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cfg = run_plan.config
     resources, started = _resources(args)
     try:
-        costs = CostModel(cfg, estimate_parameters(cfg))
+        costs = CostModel(cfg, estimate_parameters(cfg),
+                          settings=[run_plan.spec(i).sharing for i in range(len(cfg.policies))])
         alloc = plan(cfg, resources, costs)
         if args.calibrate is not None:
             alloc = _calibrated(args, cfg, resources, costs, alloc)

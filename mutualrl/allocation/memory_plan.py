@@ -127,8 +127,9 @@ def plan_memory(plan: Any, gpu_bytes: list[int | None], ranks: list[int], concur
     cfg = plan.config
     k = len(cfg.policies)
     opts = {w.index: w.options for w in reversed(plan.workers)}
+    sharing = {w.index: w.sharing for w in reversed(plan.workers)}
     longest = [PROMPT_TOKENS_PLAN + opts[i].max_completion_length for i in range(k)]
-    prices = _prices(cfg, opts, gpu_bytes, ranks, act_bytes_per_token or [None] * k, longest)
+    prices = _prices(cfg, opts, sharing, gpu_bytes, ranks, act_bytes_per_token or [None] * k, longest)
     known = [i for i in range(k) if prices[i] is not None]
     allowance, pools = _allowances(prices, known, gpu_bytes, ranks, concurrent, shares or [None] * k, total,
                                    gpu_ids or [0] * k)
@@ -150,16 +151,17 @@ def plan_memory(plan: Any, gpu_bytes: list[int | None], ranks: list[int], concur
     return out
 
 
-def _prices(cfg: Any, opts: dict[int, Any], gpu_bytes: list[int | None], ranks: list[int],
+def _prices(cfg: Any, opts: dict[int, Any], sharing: dict[int, Any], gpu_bytes: list[int | None], ranks: list[int],
             acts: list[float | None], longest: list[int]) -> list[MemoryPrice | None]:
-    """Each policy's price with its effective options ``opts`` (None where its shape is unknown offline)."""
+    """Each policy's price with its effective options ``opts`` and sharing settings ``sharing`` (its
+    worker's, as the plan resolved them; None where its shape is unknown offline)."""
     prices: list[MemoryPrice | None] = []
     for i, pol in enumerate(cfg.policies):
         o, shape, n, gpu = opts[i], model_shape(pol.model, pol.peft), max(1, ranks[i]), gpu_bytes[i] is not None
         # the sampler decodes a step's rows at once (an evaluation, eval_batch_size of them)
         rows = max(cfg.prompts_per_step * o.num_generations // n, min(cfg.eval_batch_size, cfg.eval_size))
         prices.append(None if shape is None else price(
-            shape, phases=1 + _sharing_phases(cfg, i), beta=o.beta, lora=pol.peft is not None,
+            shape, phases=1 + _sharing_phases(cfg, sharing[i]), beta=o.beta, lora=pol.peft is not None,
             checkpointing=o.gradient_checkpointing, sampler=pol.generation.engine, sample_rows=rows,
             sample_tokens=longest[i], fsdp_ranks=n if pol.fsdp else 1, gpu=gpu, gpu_bytes=gpu_bytes[i],
             act_bytes_per_token=acts[i], packed_weights=bool(pol.generation.packed_weights),
@@ -223,13 +225,13 @@ def _vllm_shares(cfg: Any, prices: list[MemoryPrice | None], allowance: dict[int
     return out
 
 
-def _sharing_phases(cfg: Any, index: int) -> int:
-    """Optimizer phases a policy's sharing steps add (each its own AdamW)."""
+def _sharing_phases(cfg: Any, settings: Any) -> int:
+    """Optimizer phases a policy's sharing steps add (each its own AdamW), with its resolved step
+    ``settings`` (:attr:`~mutualrl.config.resolve.WorkerSpec.sharing`)."""
     try:
         from mutualrl.algorithms.sharing import parse_strategy
 
-        strategy = parse_strategy(cfg.sharing.strategy)
-        return len(strategy.optimizer_phases(strategy.settings(cfg.policy_sharing(index))))
+        return len(parse_strategy(cfg.sharing.strategy).optimizer_phases(settings))
     except Exception:  # noqa: BLE001 - a strategy module not importable here: price one phase
         return 0
 

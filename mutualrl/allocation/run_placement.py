@@ -173,7 +173,8 @@ def launch(scheduler: Scheduler, plan: RunPlan, run_dir: str | Path | None,
             allocation = plan_for(cfg, venue.resources)
         mwra = AdaptivePlan(cfg, venue.resources, threads=scheduler.threads or cfg.threads, allocation=allocation,
                             replan_threshold=scheduler.replan_threshold, verbose=scheduler.verbose and not one_process,
-                            params=[None] * len(cfg.policies) if one_process else None)
+                            params=[None] * len(cfg.policies) if one_process else None,
+                            settings=[plan.spec(i).sharing for i in range(len(cfg.policies))])
         if scheduler.calibrate_steps and (one_process or mwra.fixed):
             print("--calibrate: nothing to plan (" + ("one process" if one_process else "threads or allocation "
                   "fixed by the user") + "); not calibrated", file=sys.stderr, flush=True)
