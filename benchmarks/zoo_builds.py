@@ -3,7 +3,7 @@
 
     python benchmarks/zoo_builds.py [--seeds 1,2,3,4,5] [--taskmix-seeds 1,2,3] [--zoos default,taskmix]
                                     [--jobs 2] [--timeout 3600] [--name zoo_builds] [--dry-run] [--keep]
-                                    [--set stall_patience=0 --set stall_restarts=0 ...]
+                                    [--set stall_patience=0 --set stall_restarts=0 ...] [--table]
 
 Each build is ``build_zoo([policy], seed, cache_dir=<fresh temporary folder>, jobs=1, shipped=False)``
 in a process of its own (one torch thread, as ``mutualrl zoo build`` builds each policy), ``--jobs``
@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from _common import git_rev, machine, write_result
+from _common import RESULTS, git_rev, machine, write_result
 
 SCRIPT = Path(__file__).resolve()
 TASKMIX = SCRIPT.parent.parent / "examples" / "zoo_taskmix.yaml"
@@ -177,6 +177,25 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                            if r.get("wall_s", 0) > LIMIT_S]}
 
 
+def table(result: dict[str, Any]) -> str:
+    """docs/zoo.md's build table from a result file: one row per build."""
+    cpu = result["machine"]["cpu"]["model"]
+    head = ("| zoo | build seed | policy | landed | steps (all attempts) | restarts | wall | validation at landing "
+            "| test greedy | CPU |\n|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in result["builds"]:
+        pct = lambda d: ", ".join(f"{k} {v:.1%}" for k, v in (d or {}).items()) or "—"  # noqa: E731
+        restarts = max(0, len(r.get("attempts") or [None]) - 1)
+        steps = f"{r['steps']:,} ({r['steps_all_attempts']:,})" if r.get("steps") else "—"
+        landed = "yes" if r["landed"] else f"no ({(r.get('error') or '')[:60]})"
+        test = pct(r.get("test_greedy"))
+        if r["landed"] and not all(r["test_in_band"].values()):
+            test += " (outside the band: " + ", ".join(k for k, ok in r["test_in_band"].items() if not ok) + ")"
+        lines.append(f"| {r['zoo']} | {r['seed']} | `{r['policy']}` | {landed} | {steps} | {restarts} | "
+                     f"{r['wall_s']:.0f} s | {pct(r.get('val'))} | {test} | {cpu} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="1,2,3,4,5", help="build seeds of the default zoo (default 1,2,3,4,5)")
@@ -190,10 +209,15 @@ def main() -> None:
                     help="change a ZooSpec field of every policy built (repeatable; value as JSON)")
     ap.add_argument("--keep", action="store_true",
                     help="copy each landed build into the zoo cache, where the studies' per-seed builds load it")
+    ap.add_argument("--table", action="store_true",
+                    help="print docs/zoo.md's build table from benchmarks/results/NAME.json and build nothing")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
+        return
+    if args.table:
+        print(table(json.loads((RESULTS / f"{args.name}.json").read_text())))
         return
     unknown = set(args.zoos.split(",")) - {"default", "taskmix"}
     if unknown or args.jobs < 1:
