@@ -79,6 +79,35 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     return result
 
 
+@pytest.fixture(autouse=True)
+def _no_process_in_the_parallel_pass(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """In the parallel pass a test that starts a Python process (a worker, a rank, Ray's helpers) or a
+    multiprocessing child fails, naming SERIAL: such a test belongs to the serial pass (two of them at
+    once on 2 cores miss their timeouts). Other commands (git, lscpu) are fine."""
+    if PASS != "parallel":
+        yield
+        return
+    import multiprocessing.process
+    import subprocess
+
+    def refuse(what: str) -> None:
+        raise RuntimeError(f"{request.node.nodeid} starts {what} in the parallel pass of ./run tests: add it to "
+                           "SERIAL in tests/conftest.py")
+
+    popen_init = subprocess.Popen.__init__
+
+    def guarded_init(self, args, *a, **k):
+        first = args if isinstance(args, str | bytes | os.PathLike) else (list(args) or [""])[0]
+        program = (os.path.basename(os.fsdecode(first)).split() or [""])[0]
+        if program.startswith("python") or first == sys.executable:
+            refuse(f"a Python process ({os.fsdecode(first)})")
+        popen_init(self, args, *a, **k)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded_init)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", lambda self: refuse("a multiprocessing child"))
+    yield
+
+
 @pytest.fixture(scope="session")
 def shared_ray():
     """``shared_ray()``: this process connected to the local Ray that the tests of the RAY modules share

@@ -293,6 +293,30 @@ def test_a_rank_actor_killed_under_ray_is_named_and_the_resume_under_ray_is_exac
     assert [i.get("ranks", 1) for i in info] == [2, 1] and len(set(info[0]["rank_pids"])) == 2
 
 
+def test_a_rank_killed_under_the_local_scheduler_is_named_and_the_resume_is_exact(uninterrupted, tmp_path,
+                                                                                 monkeypatch):
+    """Policy ``a`` on 2 worker processes (replicas, gloo all-reduce) beside ``b``, under the local
+    scheduler: rank 1 dies inside its update of step 2 while rank 0 waits in the collective; the run
+    stops naming rank 1 and the last good checkpoint, and the resume logs the uninterrupted run's
+    metrics with its exchange rows, each once (the FSDP and Ray variants are the tests around it)."""
+    from mutualrl.allocation import WorkerFailed
+    from mutualrl.run.trainer import MutualTrainer
+
+    cfg = _two_rank_config(uninterrupted.tiny, "local")
+    cut = tmp_path / "cut"
+    monkeypatch.setenv("MUTUALRL_FAULT_POINT", "update:3")
+    monkeypatch.setenv("MUTUALRL_FAULT_WORKER", "a rank 1")
+    with pytest.raises(WorkerFailed) as exc:
+        MutualTrainer(cfg, cut, progress=False).train()
+    assert exc.value.worker == "a rank 1" and "killed by signal 9" in str(exc.value), str(exc.value)
+    assert exc.value.checkpoint is not None and exc.value.checkpoint.endswith("step_000002")
+    monkeypatch.delenv("MUTUALRL_FAULT_POINT")
+    MutualTrainer(cfg, cut, resume=True, progress=False).train()
+    full = uninterrupted("local")
+    assert _metrics(full) == _metrics(cut)
+    assert _exchange_rows(cut) == _exchange_rows(full)  # none lost, none twice
+
+
 def test_an_fsdp_rank_killed_in_its_update_is_named_and_the_resume_is_exact(uninterrupted, shared_ray, tmp_path,
                                                                             monkeypatch):
     """Policy ``a`` sharded over 2 ranks (FSDP2) beside ``b``, sharing (imitate): the uninterrupted run
