@@ -42,8 +42,8 @@ def _variant(model: str, name: str, out: Path, dry: bool) -> dict[str, Any]:
     from mutualrl.algorithms.sharing import TrainBatch, TrainRow, parse_strategy
     from mutualrl.algorithms.update import train_on_batch
     from mutualrl.allocation import memory
-    from mutualrl.run.checkpoint import save_policy_state
     from mutualrl.config import GRPOOptions, PeftConfig
+    from mutualrl.run.checkpoint import save_policy_state
 
     v = VARIANTS[name]
     rows = 16 if dry else v["rows"]
@@ -101,9 +101,9 @@ def _variant(model: str, name: str, out: Path, dry: bool) -> dict[str, Any]:
 
 def _load_without_gpu(model: str, out: Path) -> dict[str, Any]:
     """The child's side of the load: a fresh CPU policy reads the GPU run's state."""
-    from mutualrl.run.checkpoint import load_policy_state
     from mutualrl.config import GRPOOptions
     from mutualrl.rollout.policy import Policy
+    from mutualrl.run.checkpoint import load_policy_state
 
     pol = Policy("p", model, GRPOOptions(num_generations=G, dtype="float32"), device="cpu")
     extra = load_policy_state(out / "ckpt", pol)

@@ -311,9 +311,9 @@ def hostile_check(work: Path, models: dict[str, Path], steps: int, per_kind: int
     import threading
 
     from mutualrl.algorithms.sharing import OwnGroup, PeerRows, ShareContext, build_batch
+    from mutualrl.config.resolve import load_config
     from mutualrl.exchange import open_exchange
     from mutualrl.experience import parse
-    from mutualrl.config.resolve import load_config
     from mutualrl.run.worker import PolicyWorker
 
     cfg_d = run_config(models, steps, sharing={"strategy": "xgrpo+sgt"})

@@ -52,9 +52,9 @@ def main() -> None:
 
     import torch
 
-    from mutualrl.study.report import load_run
     from mutualrl.config.resolve import load_config
     from mutualrl.run.trainer import MutualTrainer
+    from mutualrl.study.report import load_run
     from mutualrl.zoo import DEFAULT_NAMES, ZOO, build_zoo
 
     policies = args.policies.split(",") if args.policies else list(DEFAULT_NAMES)

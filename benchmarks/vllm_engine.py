@@ -51,9 +51,9 @@ def gen_speeds(spec: dict[str, Any], rounds: int) -> dict[str, Any]:
     import torch
 
     from mutualrl.config import GenerationConfig, GRPOOptions
+    from mutualrl.config.modelref import resolve_model_path
     from mutualrl.rollout.engines import SamplingParams
     from mutualrl.rollout.engines.hf import HFEngine
-    from mutualrl.config.modelref import resolve_model_path
     from mutualrl.rollout.policy import Policy
 
     path = resolve_model_path(spec["model"])

@@ -184,7 +184,7 @@ def table(result: dict[str, Any]) -> str:
             "| test greedy | CPU |\n|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in result["builds"]:
-        pct = lambda d: ", ".join(f"{k} {v:.1%}" for k, v in (d or {}).items()) or "—"  # noqa: E731
+        pct = lambda d: ", ".join(f"{k} {v:.1%}" for k, v in (d or {}).items()) or "—"
         restarts = max(0, len(r.get("attempts") or [None]) - 1)
         steps = f"{r['steps']:,} ({r['steps_all_attempts']:,})" if r.get("steps") else "—"
         landed = "yes" if r["landed"] else f"no ({(r.get('error') or '')[:60]})"

@@ -13,8 +13,8 @@ import importlib
 import inspect
 import json
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from mutualrl.config import RESUMABLE

@@ -32,11 +32,11 @@ import torch
 from mutualrl.algorithms.registry import OWN
 from mutualrl.algorithms.sharing import TrainBatch, TrainRow, parse_strategy
 from mutualrl.algorithms.update import train_on_batch
-from mutualrl.run.checkpoint import load_policy_state, save_policy_state
 from mutualrl.config import GRPOOptions, PeftConfig
+from mutualrl.rollout.policy import Policy
+from mutualrl.run.checkpoint import load_policy_state, save_policy_state
 from mutualrl.run.distributed import RankGroup
 from mutualrl.run.fsdp import full_value
-from mutualrl.rollout.policy import Policy
 
 PROMPTS, G = 5, 4
 """Five prompts: rank 0 takes three, rank 1 two (uneven shares)."""

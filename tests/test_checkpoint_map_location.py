@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 import mutualrl
-from mutualrl.run import checkpoint
 from mutualrl.config import GRPOOptions
 from mutualrl.rollout.policy import Policy
+from mutualrl.run import checkpoint
 
 
 def _torch_load_calls(tree: ast.AST) -> list[ast.Call]:

@@ -10,8 +10,8 @@ import yaml
 
 from mutualrl.cli import main
 from mutualrl.config import GRPOOptions, RunConfig
-from mutualrl.errors import ConfigError
 from mutualrl.config.resolve import load_config
+from mutualrl.errors import ConfigError
 
 
 @pytest.fixture()

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from mutualrl.allocation.ranks import merge_metrics
-from mutualrl.run.distributed import Rendezvous, serve_store
-from mutualrl.errors import ConfigError
 from mutualrl.config.resolve import load_config
+from mutualrl.errors import ConfigError
+from mutualrl.run.distributed import Rendezvous, serve_store
 
 HERE = Path(__file__).resolve().parent
 

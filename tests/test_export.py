@@ -14,12 +14,12 @@ import pytest
 import torch
 import yaml
 
-from mutualrl.run.checkpoint import TRAINER_STATE
 from mutualrl.cli import main
-from mutualrl.export.model import EXPORT_INFO, ExportError, export_run, read_export_info
 from mutualrl.config.resolve import resolve_run
-from mutualrl.tasks.build import eval_problems
+from mutualrl.export.model import EXPORT_INFO, ExportError, export_run, read_export_info
+from mutualrl.run.checkpoint import TRAINER_STATE
 from mutualrl.run.worker import PolicyWorker
+from mutualrl.tasks.build import eval_problems
 
 LOGPROB_TOL = 5e-5
 """Per-token log-prob agreement between a plain transformers forward and mutualrl's: bit for bit on an

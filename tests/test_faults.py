@@ -69,7 +69,12 @@ def test_peer_data_paths_never_execute_or_unpickle() -> None:
 
 # ----------------------------------------------------------------------------- checkpoints
 def test_checkpoint_manager_atomic_prune_and_fallback(tmp_path: Path) -> None:
-    from mutualrl.run.checkpoint import CheckpointError, CheckpointManager, latest_checkpoint, list_checkpoints
+    from mutualrl.run.checkpoint import (
+        CheckpointError,
+        CheckpointManager,
+        latest_checkpoint,
+        list_checkpoints,
+    )
 
     mgr = CheckpointManager(tmp_path, keep=2)
 
@@ -250,8 +255,8 @@ def test_bad_inputs_exit_2_one_message_nothing_written(tiny_models: dict[str, Pa
 def test_full_disk_and_unusable_exchange(tiny_models: dict[str, Path], reward_module: Path,
                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     B = _bench()
-    from mutualrl.run.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
     from mutualrl.cli import main
+    from mutualrl.run.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
     from mutualrl.run.worker import PolicyWorker
 
     orig = PolicyWorker.save

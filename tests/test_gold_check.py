@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from mutualrl.cli import main
-from mutualrl.errors import ConfigError
 from mutualrl.config.resolve import resolve
+from mutualrl.errors import ConfigError
 from mutualrl.tasks.base import extract_answer
 from mutualrl.tasks.gold_check import ANSWER_IS_EXTRACTOR, GoldAnswerWarning
 

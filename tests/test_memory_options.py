@@ -104,8 +104,8 @@ def test_retain_freed_memory_takes_effect_on_glibc_and_is_idempotent() -> None:
 
 
 def test_retain_freed_memory_is_a_checked_run_option() -> None:
-    from mutualrl.errors import ConfigError
     from mutualrl.config.resolve import load_config
+    from mutualrl.errors import ConfigError
 
     base = {"policies": [{"name": "a", "model": "zoo:gpt2-add"}], "task": {"preset": "zoo"}}
     assert load_config(base, check_paths=False).retain_freed_memory is True

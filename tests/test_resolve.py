@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from mutualrl.cli import main
-from mutualrl.errors import ConfigError
 from mutualrl.config.resolve import RunPlan, apply_overrides, parse_overrides, resolve, resolve_run
+from mutualrl.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

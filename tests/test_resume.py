@@ -11,8 +11,8 @@ import yaml
 from _stop import _Stop, _StopAfterStep3
 
 from mutualrl.cli import main
-from mutualrl.errors import ConfigError
 from mutualrl.config.resolve import resolve_run
+from mutualrl.errors import ConfigError
 from mutualrl.run.resume import resumes
 from mutualrl.run.trainer import MutualTrainer
 

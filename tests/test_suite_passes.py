@@ -7,9 +7,8 @@ import multiprocessing
 import subprocess
 import sys
 
-import pytest
-
 import conftest
+import pytest
 
 
 def test_a_python_process_started_in_the_parallel_pass_names_serial(monkeypatch):

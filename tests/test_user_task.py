@@ -169,8 +169,8 @@ def test_trackio_run_is_written(tiny_models, tmp_path, monkeypatch):
 
 
 def test_report_to_errors_name_the_field(tiny_models):
-    from mutualrl.errors import ConfigError
     from mutualrl.config.resolve import load_config
+    from mutualrl.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"'report_to'.*comet") as info:
         load_config(dict(_config(tiny_models, preset="zoo"), report_to=["wandb", "comet"]))
@@ -220,9 +220,9 @@ def test_bad_data_exits_2_with_one_message_naming_the_field(tiny_models, gsm8k_d
 def test_an_empty_split_is_refused_naming_it(tiny_models):
     """datasets cannot store an empty split with save_to_disk, so this comes through the Python API."""
     from mutualrl.errors import ConfigError
+    from mutualrl.run.trainer import MutualTrainer
     from mutualrl.tasks.hf import DatasetSource
     from mutualrl.tasks.rows import SourceFieldError
-    from mutualrl.run.trainer import MutualTrainer
 
     empty = datasets.Dataset.from_dict({"question": [], "answer": []})
     full = datasets.Dataset.from_list(_gsm8k_rows())

@@ -49,3 +49,32 @@ def test_a_builder_whose_parent_was_killed_stops(tmp_path):
             raise AssertionError("the orphaned builder was still running 60 s after its parent was killed")
         time.sleep(0.2)
     assert not target.exists()
+
+
+def test_a_policy_worker_whose_controller_was_killed_stops(tmp_path):
+    """The local scheduler's worker (``mutualrl.allocation.worker_main``) has the same watch: its
+    controller (a Python process standing in for a run) is killed with SIGKILL while the worker's stdin
+    stays open (this test holds the other end), so the worker never reads an end of input, as in the
+    middle of a long call: it notices it was orphaned and exits."""
+    r, w = os.pipe()
+    worker_cmd = [sys.executable, "-m", "mutualrl.allocation.worker_main"]
+    script = ('import subprocess, sys, os\n'
+              f'p = subprocess.Popen({worker_cmd!r} + ["--parent", str(os.getpid())], stdin={r})\n'
+              'print(p.pid, flush=True)\n'
+              'p.wait()\n')
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, pass_fds=(r,))
+    os.close(r)
+    try:
+        worker = int(parent.stdout.readline())
+        time.sleep(0.5)
+        assert _running(worker)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while _running(worker):
+            if time.monotonic() > deadline:
+                os.kill(worker, signal.SIGKILL)
+                raise AssertionError("the orphaned worker was still running 30 s after its controller was killed")
+            time.sleep(0.2)
+    finally:
+        os.close(w)

@@ -178,8 +178,9 @@ class LocalScheduler(Scheduler):
         # idle OpenMP threads sleep instead of spinning: workers share cores with each other
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         log = open(log_path, "ab")  # noqa: SIM115 - the worker writes it for its whole life; closed in close()
-        popen = subprocess.Popen([sys.executable, "-m", "mutualrl.allocation.worker_main"], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=log, env=env, close_fds=True)
+        cmd = [sys.executable, "-m", "mutualrl.allocation.worker_main", "--parent", str(os.getpid())]
+        popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
+                                 close_fds=True)
         os.set_blocking(popen.stdout.fileno(), False)  # type: ignore[union-attr]
         return _Proc(index, name, popen, log_path, log)
 

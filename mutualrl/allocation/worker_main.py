@@ -8,9 +8,10 @@ methods: ``__init__`` (the placed :class:`~mutualrl.config.resolve.RunPlan` as a
 rank) creates the
 :class:`~mutualrl.run.worker.PolicyWorker`; ``__nice__`` changes the CPU priority of all its threads;
 ``__exit__`` ends the loop. Anything the libraries print goes to stderr (the worker's log), so the
-protocol stream stays clean. The worker exits when its stdin closes (the controller is gone).
+protocol stream stays clean. The worker exits when its stdin closes, or at once, mid-call, when its
+controller process is gone (killed with ``kill -9``, say).
 
-Run as ``python -m mutualrl.allocation.worker_main``.
+Run as ``python -m mutualrl.allocation.worker_main [--parent PID]``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 import traceback
 from typing import Any
 
+from mutualrl.run.orphan import exit_when_orphaned
 from mutualrl.run.worker_api import remote_name
 
 
@@ -69,8 +71,13 @@ class _Loop:
         return getattr(self.worker, remote_name(method))(*args)
 
 
-def main() -> int:
-    """Serve requests from stdin until ``__exit__`` or end of input."""
+def main(argv: list[str] | None = None) -> int:
+    """Serve requests from stdin until ``__exit__`` or end of input; exit once the controller is gone
+    (``--parent PID``, default the parent now: :func:`~mutualrl.run.orphan.exit_when_orphaned`), even in
+    the middle of a call, where the end of stdin would not be read."""
+    args = sys.argv[1:] if argv is None else argv
+    parent = int(args[args.index("--parent") + 1]) if "--parent" in args else os.getppid()
+    exit_when_orphaned(parent)
     proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)  # stray prints from libraries go to the log, not into the protocol
     sys.stdout = sys.stderr

@@ -13,39 +13,18 @@ import argparse
 import json
 import os
 import sys
-import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from mutualrl.config.resolve import resolve_task
+from mutualrl.run.orphan import exit_when_orphaned
 from mutualrl.tasks.build import build_task
 from mutualrl.zoo.build import build_with_progress
 from mutualrl.zoo.sft import ZooBandError
 from mutualrl.zoo.specs import ZooSpec
 from mutualrl.zoo.task import build_task_for_seed
-
-PARENT_CHECK_S = 1.0
-"""How often the child checks that its parent is still there."""
-ORPHANED_EXIT = 3
-"""The child's exit code when its parent went away mid-build."""
-
-
-def exit_when_orphaned(parent: int, every_s: float = PARENT_CHECK_S) -> threading.Thread:
-    """A daemon thread that ends this process (exit code :data:`ORPHANED_EXIT`) once its parent
-    ``parent`` is gone, i.e. once the process has been re-parented. Nothing half-built is renamed
-    into the cache: a build writes to a temporary directory and moves it into place at the end."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(every_s)
-        os._exit(ORPHANED_EXIT)
-
-    t = threading.Thread(target=watch, name="parent-watch", daemon=True)
-    t.start()
-    return t
 
 
 def main(argv: Sequence[str] | None = None) -> int:
