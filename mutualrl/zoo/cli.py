@@ -27,16 +27,18 @@ skill, e.g.
 `like` picks the architecture and tokenizer of an embedded policy (default gpt2-add), and its warm
 start: a generalist phase until every skill reaches generalist_target (the default policies: 0.3;
 0 for none), then the specialisation on sft_mixture until every skill is in its band. An entry may
-also set lr, generalist_lr, sft_max_steps, generalist_max_steps and the stall rule (stall_checks, stall_min_gain,
-stall_patience, stall_restarts; docs/zoo.md); the flags above set them for every policy built.
+also set lr, generalist_lr, sft_max_steps, generalist_max_steps and the stall rule (stall_checks,
+stall_min_gain, stall_patience, stall_restarts; docs/zoo.md); the flags above set them for every
+policy built.
 
 A phase whose validation figure for a skill comes no stall_min_gain closer to its goal in
 stall_checks checks has stalled: the build starts over from another initialisation
 (stall_restarts times), then stops with exit code 2 naming the skill, its figure, its band and
 what to change; nothing is written to the cache."""
 
-SPEC_FIELDS: dict[str, type] = {"lr": float, "generalist_lr": float, "sft_max_steps": int, "generalist_max_steps": int, "stall_checks": int,
-                                "stall_min_gain": float, "stall_patience": int, "stall_restarts": int}
+SPEC_FIELDS: dict[str, type] = {"lr": float, "generalist_lr": float, "sft_max_steps": int, "generalist_max_steps": int,
+                                "stall_checks": int, "stall_min_gain": float, "stall_patience": int,
+                                "stall_restarts": int}
 """Recipe fields a ``zoo:`` entry of a task file may set (and their types)."""
 
 
@@ -125,8 +127,8 @@ def _recipe_fields(entry: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _overrides(args: Any) -> dict[str, Any]:
     """The spec fields ``zoo build``'s flags set for every policy it builds."""
-    flags = {"lr": args.lr, "generalist_lr": args.generalist_lr, "stall_checks": args.stall_checks, "stall_min_gain": args.stall_min_gain,
-             "stall_restarts": args.restarts}
+    flags = {"lr": args.lr, "generalist_lr": args.generalist_lr, "stall_checks": args.stall_checks,
+             "stall_min_gain": args.stall_min_gain, "stall_restarts": args.restarts}
     out = {k: v for k, v in flags.items() if v is not None}
     if args.max_steps is not None:
         out.update(sft_max_steps=args.max_steps, generalist_max_steps=args.max_steps)

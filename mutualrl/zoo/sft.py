@@ -263,16 +263,16 @@ def _banded_check(spec: ZooSpec, res: SFTResult, state: _Steering, check: dict[s
 
 
 def _generalist(run: _Run) -> bool:
-    """The generalist phase: an even mixture of every type, at ``spec.generalist_lr`` (0: ``spec.lr``),
-    until each reaches ``spec.generalist_target`` on validation (then the specialisation lets the
-    other skills fade into their bands: a skill learned and partly forgotten comes back from far
-    fewer examples than one never learned). A type that has reached the target while another makes no progress for
+    """The generalist phase: an even mixture of every type, at ``spec.generalist_rate``, until each
+    reaches ``spec.generalist_target`` on validation (then the specialisation lets the other skills
+    fade into their bands: a skill learned and partly forgotten comes back from far fewer examples
+    than one never learned). A type that has reached the target while another makes no progress for
     ``stall_patience`` checks is fed less (:func:`_steer`: half its share; the lagging one 1.5x).
     Returns False, with ``res.gave_up`` set, when the phase's cap is reached or it stalled."""
     spec, res = run.steps.spec, run.res
     target = spec.generalist_target
     mixture = {k: 1.0 for k in sorted(spec.bands)}
-    run.steps.base_lr = spec.generalist_lr or spec.lr
+    run.steps.base_lr = spec.generalist_rate
     watch = run.begin("generalist", spec.generalist_max_steps, {k: (target, 1.0) for k in spec.bands})
     for _ in range(spec.generalist_max_steps):
         run.step(mixture)

@@ -91,6 +91,11 @@ class ZooSpec:
     before it stops."""
     description: str = ""
 
+    @property
+    def generalist_rate(self) -> float:
+        """The generalist phase's learning rate: ``generalist_lr``, or ``lr`` where that is 0."""
+        return self.generalist_lr or self.lr
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of the spec."""
         d = dataclasses.asdict(self)
@@ -136,8 +141,7 @@ class ZooSpec:
 
 def rate_levers(spec: ZooSpec) -> str:
     """The learning-rate flags of ``zoo build`` with ``spec``'s values, for an error's list of levers."""
-    general = spec.generalist_lr or spec.lr
-    return f"--lr, now {spec.lr:g}; --generalist-lr for the generalist phase, now {general:g}"
+    return f"--lr, now {spec.lr:g}; --generalist-lr for the generalist phase, now {spec.generalist_rate:g}"
 
 
 OWN_BAND = (0.35, 1.0)
