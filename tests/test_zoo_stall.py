@@ -162,9 +162,14 @@ def test_the_shipped_gpt2_add_stands_for_seed_0_of_todays_recipe():
     from mutualrl.zoo.shipped import SHIPPED_ROOT, shipped_built_with
 
     default = zoo.ZOO["gpt2-add"]
-    assert shipped_built_with("gpt2-add") == {"generalist_lr": 0.0} and shipped_built_with("llama-sub") == {}
+    assert shipped_built_with("gpt2-add") == {"generalist_lr": 0.0, "generalist_catch_up": 1.0}
+    assert shipped_built_with("llama-sub") == {"generalist_catch_up": 1.0}
     assert is_shipped("gpt2-add") and is_shipped("gpt2-add", 0, dataclasses.replace(default, generalist_lr=0.0))
+    assert is_shipped("gpt2-add", 0, dataclasses.replace(default, generalist_lr=0.0, generalist_catch_up=1.0))
     assert not is_shipped("gpt2-add", 0, dataclasses.replace(default, generalist_lr=5e-4))
+    assert not is_shipped("gpt2-add", 0, dataclasses.replace(default, generalist_catch_up=0.5))
+    assert is_shipped("llama-sub") and not is_shipped("llama-sub", 0, dataclasses.replace(zoo.ZOO["llama-sub"],
+                                                                                          generalist_catch_up=0.5))
     assert not is_shipped("gpt2-add", 1)
     assert policy_dir("gpt2-add").parent == SHIPPED_ROOT
     assert policy_dir("gpt2-add", shipped=False).parent.parent != SHIPPED_ROOT

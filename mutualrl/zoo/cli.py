@@ -27,7 +27,7 @@ skill, e.g.
 `like` picks the architecture and tokenizer of an embedded policy (default gpt2-add), and its warm
 start: a generalist phase until every skill reaches generalist_target (the default policies: 0.3;
 0 for none), then the specialisation on sft_mixture until every skill is in its band. An entry may
-also set lr, generalist_lr, sft_max_steps, generalist_max_steps and the stall rule (stall_checks,
+also set lr, generalist_lr, generalist_catch_up, sft_max_steps, generalist_max_steps and the stall rule (stall_checks,
 stall_min_gain, stall_patience, stall_restarts; docs/zoo.md); the flags above set them for every
 policy built.
 
@@ -36,8 +36,8 @@ stall_checks checks has stalled: the build starts over from another initialisati
 (stall_restarts times), then stops with exit code 2 naming the skill, its figure, its band and
 what to change; nothing is written to the cache."""
 
-SPEC_FIELDS: dict[str, type] = {"lr": float, "generalist_lr": float, "sft_max_steps": int, "generalist_max_steps": int,
-                                "stall_checks": int, "stall_min_gain": float, "stall_patience": int,
+SPEC_FIELDS: dict[str, type] = {"lr": float, "generalist_lr": float, "generalist_catch_up": float,
+                                "sft_max_steps": int, "generalist_max_steps": int, "stall_checks": int, "stall_min_gain": float, "stall_patience": int,
                                 "stall_restarts": int}
 """Recipe fields a ``zoo:`` entry of a task file may set (and their types)."""
 
@@ -116,7 +116,7 @@ def _recipe_fields(entry: dict[str, Any], where: str) -> dict[str, Any]:
     for key, kind in SPEC_FIELDS.items():
         if key in entry:
             value = entry[key]
-            positive = key in ("lr", "generalist_lr", "sft_max_steps", "generalist_max_steps")
+            positive = key in ("lr", "generalist_lr", "generalist_catch_up", "sft_max_steps", "generalist_max_steps")
             if (isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and value != int(value))
                     or (positive and value <= 0)):
                 raise ConfigError(f"{where}.{key}", f"expected {'a positive ' if positive else 'an '}"
@@ -127,7 +127,8 @@ def _recipe_fields(entry: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _overrides(args: Any) -> dict[str, Any]:
     """The spec fields ``zoo build``'s flags set for every policy it builds."""
-    flags = {"lr": args.lr, "generalist_lr": args.generalist_lr, "stall_checks": args.stall_checks,
+    flags = {"lr": args.lr, "generalist_lr": args.generalist_lr, "generalist_catch_up": args.catch_up,
+             "stall_checks": args.stall_checks,
              "stall_min_gain": args.stall_min_gain, "stall_restarts": args.restarts}
     out = {k: v for k, v in flags.items() if v is not None}
     if args.max_steps is not None:
@@ -223,6 +224,10 @@ def register(subparsers: Any) -> None:
             q.add_argument("--generalist-lr", type=_positive_float, default=None, metavar="LR",
                            help="learning rate of the generalist phase (default: the policy's, 1e-3 for gpt2-add, "
                            "its --lr for the others)")
+            q.add_argument("--catch-up", type=_value(float, lambda x: 0 < x <= 1, "a number in (0, 1]"),
+                           default=None, metavar="X",
+                           help="in the generalist phase, the mixture weight of a skill already at the target "
+                           "relative to one below it (default: the policy's, 0.25 for the embedded ones; 1: even)")
             q.add_argument("--max-steps", type=_positive_int, default=None, metavar="N",
                            help="step cap of each phase of a warm start (default 6000 generalist, 4000 after)")
             q.add_argument("--stall-checks", type=_count, default=None, metavar="N",

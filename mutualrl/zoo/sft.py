@@ -266,16 +266,19 @@ def _generalist(run: _Run) -> bool:
     """The generalist phase: an even mixture of every type, at ``spec.generalist_rate``, until each
     reaches ``spec.generalist_target`` on validation (then the specialisation lets the other skills
     fade into their bands: a skill learned and partly forgotten comes back from far fewer examples
-    than one never learned). A type that has reached the target while another makes no progress for
-    ``stall_patience`` checks is fed less (:func:`_steer`: half its share; the lagging one 1.5x).
-    Returns False, with ``res.gave_up`` set, when the phase's cap is reached or it stalled."""
+    than one never learned). From the first check a type is at or above the target while another is
+    below, the batches feed it ``spec.generalist_catch_up`` of its share (:func:`catch_up`; the check's
+    history entry records the mixture whenever it changes); a type that has reached the target while
+    another makes no progress for ``stall_patience`` checks is fed less still (:func:`_steer`: half its
+    share; the lagging one 1.5x). Returns False, with ``res.gave_up`` set, when the phase's cap is reached or it stalled."""
     spec, res = run.steps.spec, run.res
     target = spec.generalist_target
     mixture = {k: 1.0 for k in sorted(spec.bands)}
+    fed = mixture  # what the batches are drawn by: ``mixture`` with the catch-up applied
     run.steps.base_lr = spec.generalist_rate
     watch = run.begin("generalist", spec.generalist_max_steps, {k: (target, 1.0) for k in spec.bands})
     for _ in range(spec.generalist_max_steps):
-        run.step(mixture)
+        run.step(fed)
         check = None
         if run.steps.done % spec.sft_eval_every == 0:
             check = run.check("generalist")
@@ -286,6 +289,9 @@ def _generalist(run: _Run) -> bool:
                 mixture = _steer(mixture, reached, due)
                 res.steering.append({"step": run.steps.done, "val": check["val"], "above": reached, "below": due,
                                      "mixture": dict(mixture), "phase": "generalist"})
+            was, fed = fed, catch_up(mixture, reached, spec.generalist_catch_up)
+            if fed != was:
+                check["mixture"] = dict(fed)
         run.tick(check)
         if check is not None and min(check["val"].values()) >= target:
             run.end("generalist", 0)
@@ -298,6 +304,17 @@ def _generalist(run: _Run) -> bool:
                        f"generalist_max_steps ({spec.generalist_max_steps})")
     run.end("generalist", 0)
     return False
+
+
+def catch_up(mixture: dict[str, float], reached: Sequence[str], weight: float) -> dict[str, float]:
+    """The generalist phase's batch mixture: ``mixture`` with the share of every type in ``reached``
+    (at or above the target at the last check) times ``weight``, renormalised, while some type is
+    still below it; ``mixture`` itself when none or all have reached it, or ``weight`` is 1."""
+    if weight >= 1.0 or not reached or len(reached) == len(mixture):
+        return mixture
+    out = {k: v * (weight if k in reached else 1.0) for k, v in mixture.items()}
+    total = sum(out.values())
+    return {k: v / total for k, v in out.items()}
 
 
 SPECIALISE_LR_SCALE = 1 / 3

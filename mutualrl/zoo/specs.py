@@ -17,7 +17,7 @@ stalls nudges its mixture and learning rate, starts over from another initialisa
 (:mod:`mutualrl.zoo.stall`); a build that never stalls for ``stall_patience`` checks is the one 7 built."""
 
 KEYED_WHEN_SET: tuple[str, ...] = ("stall_checks", "stall_min_gain", "stall_patience", "stall_restarts",
-                                   "generalist_lr")
+                                   "generalist_lr", "generalist_catch_up")
 """Spec fields added after the shipped policies were built: they enter a cache key only when set away
 from their default, so the default specs keep the key they were shipped under."""
 
@@ -75,6 +75,12 @@ class ZooSpec:
     either way. A rate that suits the specialisation can be one the generalist phase does not learn
     at from every initialisation: GPT-2's at 3e-3 stayed under 12 % addition for 4,000 steps at build
     seed 1, and reached 77 % by step 2,200 at 1e-3 (docs/zoo.md)."""
+    generalist_catch_up: float = 1.0
+    """In the generalist phase, the weight in the mixture of a skill at or above ``generalist_target``
+    at the last check, relative to one still below it (1: an even mixture throughout). A skill often
+    reaches the target hundreds of steps before another (its sudden onset comes first); below 1 the
+    lagging skills get most of each batch until they catch up, and a skill that falls back under the
+    target gets its even share again. The default policies use :data:`CATCH_UP`."""
     stall_checks: int = 60
     """Checks of a phase in which a skill outside its goal came no ``stall_min_gain`` closer to it
     (its best distance so far) that make a stall: the build restarts or stops (exit 2) instead of
@@ -133,6 +139,9 @@ class ZooSpec:
                 raise UserError(f"{where}: {k!r} must reach {lo:.0%} but has no weight in sft_mixture")
         if not self.generalist_lr >= 0:
             raise UserError(f"{where}: generalist_lr must be >= 0 (0: lr), got {self.generalist_lr}")
+        if not 0 < self.generalist_catch_up <= 1:
+            raise UserError(f"{where}: generalist_catch_up must be in (0, 1] (1: an even mixture throughout), "
+                            f"got {self.generalist_catch_up}")
         if min(self.stall_checks, self.stall_patience, self.stall_restarts) < 0 or not 0 <= self.stall_min_gain < 1:
             raise UserError(f"{where}: stall_checks, stall_patience and stall_restarts must be >= 0 and "
                             f"stall_min_gain in [0, 1), got {self.stall_checks}, {self.stall_patience}, "
@@ -151,19 +160,23 @@ WEAK_BAND = (0.0, 0.05)
 (what its peer can give back): too rare for its own GRPO groups to find, still latent in its weights."""
 GENERALIST_TARGET = 0.30
 """Validation accuracy every skill reaches in the generalist phase, before the specialisation."""
+CATCH_UP = 0.25
+"""The default policies' ``generalist_catch_up``: a skill that has reached the generalist target
+trains on a fifth of each batch (two skills) while the other catches up. ZOO_VERSION 8's builds of
+seeds 1-5 spent 475-1,200 generalist steps with one skill at the target waiting for the other."""
 
 ZOO: dict[str, ZooSpec] = {
     "gpt2-add": ZooSpec(
         name="gpt2-add", arch="gpt2", tokenizer="byte_bpe", vocab_size=384,
         n_layer=3, n_embd=160, n_head=5, sft_mixture={"add": 1.0},
         bands={"add": OWN_BAND, "sub": WEAK_BAND}, generalist_target=GENERALIST_TARGET, generalist_lr=1e-3,
-        description="GPT-2 family, byte-level BPE; a generalist specialised in addition, subtraction lost",
+        generalist_catch_up=CATCH_UP, description="GPT-2 family, byte-level BPE; a generalist specialised in addition, subtraction lost",
     ),
     "llama-sub": ZooSpec(
         name="llama-sub", arch="llama", tokenizer="unigram", vocab_size=400,
         n_layer=3, n_embd=128, n_head=4, n_kv_head=2, n_inner=384,
         sft_mixture={"sub": 1.0}, bands={"add": WEAK_BAND, "sub": OWN_BAND}, generalist_target=GENERALIST_TARGET,
-        description="Llama family (GQA, RoPE, SwiGLU), SentencePiece-style Unigram; a generalist specialised "
+        generalist_catch_up=CATCH_UP, description="Llama family (GQA, RoPE, SwiGLU), SentencePiece-style Unigram; a generalist specialised "
                     "in subtraction, addition lost",
     ),
     "neox-mix": ZooSpec(
