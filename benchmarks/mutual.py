@@ -127,7 +127,7 @@ def tune_grid(study: Study, family: str, grid: dict[str, tuple[Callable[[float],
     next one up; down, the reverse, else halving) and tune again (at most :data:`MAX_EXTENSIONS`
     times). Records the grid and its extensions in the study's notes."""
     lrs = {v: sorted(rates) for v, (_, rates) in grid.items()}
-    for _ in range(MAX_EXTENSIONS + 1):
+    for extension in range(MAX_EXTENSIONS + 1):
         by_name = {grid[v][0](lr).name: (v, lr) for v in grid for lr in lrs[v]}
         cands = [grid[v][0](lr) for v in grid for lr in lrs[v]] + list(fixed)
         chosen = study.tune(family, cands, seeds)
@@ -136,6 +136,10 @@ def tune_grid(study: Study, family: str, grid: dict[str, tuple[Callable[[float],
         variant, lr = by_name[chosen.name]
         every = sorted({r for rates in lrs.values() for r in rates})
         if lr not in (every[0], every[-1]):
+            break
+        if extension == MAX_EXTENSIONS:  # the rates stay the ones trained: a miss the notes state
+            study.notes.append(f"{family}: {chosen.name} still at an edge of the family's rates {every} after "
+                               f"{MAX_EXTENSIONS} extensions; the grid was not extended further")
             break
         nxt_lr = _step_lr(lr, up=lr == every[-1], nxt=nxt)
         study.notes.append(f"{family}: {chosen.name} chosen at the {'top' if lr == every[-1] else 'bottom'} of the "

@@ -235,16 +235,23 @@ def choose(zs: dict[str, Any], shortcut: dict[str, float] | None = None, n: int 
     standard errors of the difference on ``n`` problems; the most complementary such pair is taken.
     With none, the pair both models can partly solve best (the highest lowest accuracy of the four).
     """
+    excluded = {t: v for t, v in (shortcut or {}).items() if v >= SHORTCUT_SHARE}
+    kept = [t for t in CANDIDATES if t not in excluded]
+    if len(kept) < 2:
+        raise SystemExit(f"zero-shot choice: {len(kept)} candidate type(s) left after leaving out those a constant "
+                         f"answer solves {SHORTCUT_SHARE:.0%} of the time ({sorted(excluded)}); two are needed")
+
+    def mean_kept(accuracy: dict[str, float]) -> float:  # formats and extraction are judged on kept types only
+        return statistics.fmean(accuracy[t] for t in kept)
+
     best: dict[str, Any] = {}
     for ex in EXTRACTIONS:
-        fmts = {m: max(rows, key=lambda r: statistics.fmean(r["accuracy"][ex].values())) for m, rows in zs.items()}
-        score = sum(statistics.fmean(f["accuracy"][ex].values()) for f in fmts.values())
+        fmts = {m: max(rows, key=lambda r: mean_kept(r["accuracy"][ex])) for m, rows in zs.items()}
+        score = sum(mean_kept(f["accuracy"][ex]) for f in fmts.values())
         if not best or score > best["score"]:
             best = {"extraction": ex, "formats": fmts, "score": score}
     ex, (a, b) = best["extraction"], list(zs)
     acc = {m: best["formats"][m]["accuracy"][ex] for m in (a, b)}
-    excluded = {t: v for t, v in (shortcut or {}).items() if v >= SHORTCUT_SHARE}
-    kept = [t for t in CANDIDATES if t not in excluded]
 
     def se(t: str) -> float:  # standard error of the two models' accuracy difference on type t
         return math.sqrt(sum(acc[m][t] * (1 - acc[m][t]) for m in (a, b)) / n)
@@ -263,7 +270,11 @@ def choose(zs: dict[str, Any], shortcut: dict[str, float] | None = None, n: int 
     else:
         rule = ("no pair complementary beyond 2 standard errors: the pair both models partly solve best "
                 "(highest lowest accuracy)")
-        *_, t1, t2 = max(able)
+        floor, *_, t1, t2 = max(able)
+        if floor <= 0:
+            raise SystemExit(f"zero-shot choice: no pair of {kept} is complementary beyond 2 standard errors, and in "
+                             f"every pair one model solves none of a type ({t1}, {t2} at best): a study on it would "
+                             "measure nothing; try more candidate types or other prompt formats")
     return {"extraction": ex, "formats": {m: {k: v for k, v in f.items() if k not in ("accuracy", "seconds")}
                                           for m, f in best["formats"].items()},
             "tasks": [t1, t2], "accuracy": {m: {t: acc[m][t] for t in (t1, t2)} for m in (a, b)},
@@ -499,9 +510,12 @@ def checked_args(ap: argparse.ArgumentParser) -> argparse.Namespace:
     ``final``, the seeds, never sharing one; a first-protocol study of the same name archived."""
     args = ap.parse_args()
     args.tune = [int(x) for x in args.tune_seeds.split(",")]
-    if args.quick:
+    if args.quick:  # its own run folders and results: a smoke test never touches the study's
         args.steps, args.evals, args.zero_shot_size = 4, 2, 20
-        args.final_seeds, args.name = str(max(args.tune) + 1), args.name + "_quick"
+        args.final_seeds, args.name, args.out = str(max(args.tune) + 1), args.name + "_quick", args.out + "_quick"
+    args.results = Path(args.out) / "results" if args.quick else RESULTS
+    if args.evals < 2:
+        raise SystemExit(f"--evals {args.evals}: at least 2 (the start and the end of a run)")
     args.final = [int(x) for x in args.final_seeds.split(",")]
     if set(args.tune) & set(args.final):
         raise SystemExit(f"--final-seeds {args.final} and --tune-seeds {args.tune} share a seed: the tuning seed is "
@@ -521,13 +535,19 @@ def task_choice(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any
     from mutualrl.realmodels import prepare_preset
 
     prepare_preset("real-small", progress=False)
+    source = "measured"
     if args.zero_shot_from is not None:
-        zs = json.loads(args.zero_shot_from.read_text())["zero_shot"]
+        loaded = json.loads(args.zero_shot_from.read_text())
+        zs = loaded["zero_shot"]
+        source = (f"{args.zero_shot_from}" + ("" if loaded.get("heldout_seed") == HELDOUT_SEED else
+                  f" (measured before the fresh split of heldout_seed {HELDOUT_SEED}: its problems were not "
+                  "checked against this study's test split)"))
     else:
         t = time.perf_counter()
         zs = zero_shot(args.zero_shot_size, 12, per_type(args))
         print(f"zero-shot study {time.perf_counter() - t:.0f}s", flush=True)
     choice = choose(zs, constant_answer_share(), args.zero_shot_size)
+    choice["zero_shot_source"] = source
     print(f"task mix: {choice['tasks']} (zero-shot on validation {choice['accuracy']}), extraction "
           f"{choice['extraction']}, formats {choice['formats']}", flush=True)
     return zs, choice
@@ -537,7 +557,7 @@ def main() -> None:
     args = checked_args(parser())
     zs, choice = task_choice(args)
     split_check = checked_task(choice, args)
-    study = Study(args.name, lambda seed: base_config(choice, args, seed), Path(args.out), results=RESULTS,
+    study = Study(args.name, lambda seed: base_config(choice, args, seed), Path(args.out), results=args.results,
                   jobs=args.jobs, reuse=True, parallel=args.parallel, final_seeds=args.final)
     study.notes.append(f"Task mix chosen by the zero-shot study on validation problems: {', '.join(choice['tasks'])}; "
                        f"{args.prompts} prompts x {args.generations} samples a step, {args.steps} steps; validation "

@@ -355,3 +355,71 @@ def test_the_real_model_studys_zero_shot_problems_are_none_of_its_test_questions
     for t in types:
         test = {p.question for p in task.split("test")[t]}
         assert len(test) == study.TEST_PER_TYPE and not test & {p.question for p in problems[t]}, t
+
+
+def _real_small(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import mutual_real_small
+
+    return mutual_real_small
+
+
+def _zero_shot_table(study, acc):
+    """A zero-shot table: each model's formats with ``acc[model][format index][type]`` under both
+    extractions (the other candidate types at 0)."""
+    return {m: [{**fmt, "accuracy": {ex: {t: acc[m][i].get(t, 0.0) for t in study.CANDIDATES}
+                                     for ex in study.EXTRACTIONS}}
+                for i, fmt in enumerate(study.FORMATS[m][:2])] for m in ("smollm2", "gemma3")}
+
+
+def test_the_real_pairs_formats_are_chosen_on_the_types_it_keeps(monkeypatch):
+    """A type a constant answer solves is left out before anything is chosen: a format that is best
+    only on that type is not chosen; a pair in which one model solves none of a type is refused."""
+    study = _real_small(monkeypatch)
+    a, b, shortcut = list(study.CANDIDATES)[:3]
+    acc = {"smollm2": [{a: 0.6, b: 0.2}, {a: 0.5, b: 0.1}],
+           "gemma3": [{shortcut: 0.9}, {a: 0.1, b: 0.5}]}  # format 0 is best on the shortcut type alone
+    got = study.choose(_zero_shot_table(study, acc), {shortcut: 0.5}, n=100)
+    assert got["formats"]["gemma3"] == study.FORMATS["gemma3"][1] and set(got["tasks"]) == {a, b}
+    assert got["excluded_shortcut"] == {shortcut: 0.5}
+    never = {"smollm2": [{a: 0.6, b: 0.2}, {}], "gemma3": [{a: 0.3}, {}]}  # gemma3 solves no type but a
+    with pytest.raises(SystemExit, match="solves none"):
+        study.choose(_zero_shot_table(study, never), {shortcut: 0.5}, n=100)
+
+
+def test_a_matched_control_of_a_policy_that_trained_nothing_adds_at_most_one_row(tiny_config, tmp_path):
+    """match_tokens 0 means no limit: a zero budget becomes 1, never an unbounded control."""
+    from mutualrl.study import Study
+
+    s = Study("t", lambda seed: dict(tiny_config), tmp_path / "runs", results=tmp_path)
+    names = [p["name"] for p in tiny_config["policies"]]
+    pols = s.matched_overrides(0, "self_imitate", {n: 0 if i == 0 else 37 for i, n in enumerate(names)})["policies"]
+    assert [p["sharing"]["self_imitate"]["match_tokens"] for p in pols] == [1] + [37] * (len(names) - 1)
+
+
+def test_a_grid_at_its_edge_after_the_last_extension_adds_no_rate_it_never_trains(monkeypatch):
+    """tune_grid extends a rate list while the choice sits at an edge, MAX_EXTENSIONS times; after the
+    last, the recorded rates are the ones trained and the notes say the edge remained."""
+    _real_small(monkeypatch)  # benchmarks/ on the path
+    import mutual
+
+    from mutualrl.study import Arm
+
+    class Fake:
+        notes: list[str] = []
+        tuning: dict = {}
+        trained: set = set()
+
+        def tune(self, family, cands, seeds):
+            self.trained |= {c.name for c in cands}
+            self.tuning.setdefault(family, {})
+            return max(cands, key=lambda c: c.overrides["lr"])  # always the top rate
+
+    study = Fake()
+    chosen = mutual.tune_grid(study, "f", {"v": (lambda lr: Arm(f"v{lr:g}", "f", "baseline", {"lr": lr}), [1e-4])},
+                              [0])
+    rates = study.tuning["f"]["rates"]["v"]
+    assert len(rates) == mutual.MAX_EXTENSIONS + 1 and {f"v{r:g}" for r in rates} == study.trained
+    assert chosen.overrides["lr"] == max(rates) and "still at an edge" in study.notes[-1]

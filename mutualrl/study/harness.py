@@ -297,13 +297,15 @@ class Study:
 
     def matched_overrides(self, seed: int, step: str, budget: Mapping[str, int]) -> dict[str, Any]:
         """Overrides giving each policy of the base config its own ``sharing.<step>.match_tokens`` from
-        ``budget`` (policy name -> tokens a step): per-policy overrides, merged into the policies list."""
+        ``budget`` (policy name -> tokens a step): per-policy overrides, merged into the policies list. A
+        budget under one token (a policy that trained nothing in the run matched) gives 1, since
+        ``match_tokens`` 0 means no limit: its control adds at most one row a step."""
         pols = [dict(p) for p in self.base_config(seed)["policies"]]
         missing = [p["name"] for p in pols if p["name"] not in budget]
         if missing:
             raise StudyError(f"no token budget for {', '.join(missing)} (budgets for {', '.join(budget)})")
         for p in pols:
-            p["sharing"] = deep_merge(p.get("sharing", {}), {step: {"match_tokens": int(budget[p["name"]])}})
+            p["sharing"] = deep_merge(p.get("sharing", {}), {step: {"match_tokens": max(1, int(budget[p["name"]]))}})
         return {"policies": pols}
 
     def per_step(self, arm: Arm, seeds: Sequence[int], key: str) -> float:
