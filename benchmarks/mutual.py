@@ -200,19 +200,32 @@ def tune_all(study: Study, tune: list[int]) -> tuple[Arm, Arm, Arm, Arm]:
         "peer2": (lambda lr: imitate_arm(grpo, "peer2", lr), [3e-4])}, tune, fixed=distill_arms(grpo))
     ctrl = tune_grid(study, "self_imitate", {"lr": (lambda lr: self_imitate_arm(grpo, lr), [1e-4, 3e-4, 5e-4])}, tune)
     budgets = {s: study.policy_budget(best, s) for s in tune}
+    samples = {s: control_samples(study, best, s) for s in tune}
+    tag = "".join(sorted({f"_samples{n}" for per in samples.values() for n in per.values()}))
 
     def matched(replay: int) -> Callable[[float], Arm]:
         def make(lr: float) -> Arm:
             arm = matched_arm(grpo, lr, replay)
-            arm.seed_overrides = {s: study.matched_overrides(s, "self_imitate", budgets[s]) for s in tune}
+            arm.name += tag
+            arm.seed_overrides = {s: study.matched_overrides(s, "self_imitate", budgets[s], samples[s]) for s in tune}
             return arm
         return make
 
     study.notes.append(f"matched control candidates: each policy's token budget a step is what it trained a step in "
-                       f"{best.name}'s run of the same seed, on the tuning seeds {budgets}")
+                       f"{best.name}'s run of the same seed, on the tuning seeds {budgets}"
+                       + (f"; samples a prompt raised to spend in sampling what the policy spent sampling and scoring "
+                          f"its peers' samples in that run (FLOPs matched): {samples}" if tag else ""))
     held = tune_grid(study, "matched", {"replay4": (matched(4), [1e-4, 3e-4, 5e-4]),
                                         "replay16": (matched(16), [1e-4, 3e-4, 5e-4])}, tune)
     return ind, ctrl, best, held
+
+
+def control_samples(study: Study, best: Arm, seed: int) -> dict[str, int]:
+    """The policies whose matched control samples more, with their samples a prompt: those that spent
+    FLOPs scoring their peers' samples in ``best``'s run of ``seed`` (``distill``) spend them in own
+    samples instead (:meth:`~mutualrl.study.Study.scoring_samples`), so trained tokens, optimizer steps
+    and FLOPs all stay within the match."""
+    return study.scoring_samples(best, seed, int(study.base_config(seed)["grpo"]["num_generations"]))
 
 
 def final_round(study: Study, arms: tuple[Arm, Arm, Arm, Arm], final: list[int], chunk: int,
@@ -223,7 +236,8 @@ def final_round(study: Study, arms: tuple[Arm, Arm, Arm, Arm], final: list[int],
     (``name``) with each policy's budget from the best sharing arm's run of that seed (``match``: seed,
     budget -> that run's overrides; default :meth:`~mutualrl.study.Study.matched_overrides`)."""
     ind, ctrl, best, held = arms
-    match = match or (lambda s, budget: study.matched_overrides(s, "self_imitate", budget))
+    match = match or (lambda s, budget: study.matched_overrides(s, "self_imitate", budget,
+                                                                control_samples(study, best, s)))
     matched = Arm(name, "matched", "baseline", held.overrides)
     for i in range(0, len(final), chunk):
         seeds = final[i:i + chunk]

@@ -429,7 +429,9 @@ class Tuned:
 
     def match(self, seed: int, budget: Mapping[str, int]) -> dict[str, Any]:
         """The fallback's overrides on ``seed``: each policy's budget, the short ones with more samples."""
-        return more_samples(self.study.matched_overrides(seed, "self_imitate", budget), self.short, self.generations)
+        scoring = mutual.control_samples(self.study, self.best, seed)
+        return more_samples(self.study.matched_overrides(seed, "self_imitate", budget, scoring), self.short,
+                            self.generations)
 
     def arms(self) -> tuple[Arm, Arm, Arm, Arm]:
         return self.ind, self.ctrl, self.best, self.held
@@ -447,13 +449,18 @@ def tune_all(study: Study, tune: list[int], generations: int) -> Tuned:
     ctrl = mutual.tune_grid(study, "self_imitate", {"w": (lambda w: self_imitate_arm(grpo, w), WEIGHTS)}, tune,
                             nxt=WEIGHT_NEXT)
     budgets = {s: study.policy_budget(best, s) for s in tune}
+    samples = {s: mutual.control_samples(study, best, s) for s in tune}
+    tag = "".join(sorted({f"_samples{n}" for per in samples.values() for n in per.values()}))
     study.notes.append(f"matched control candidates: each policy's token budget a step is what it trained a step in "
-                       f"{best.name}'s run of the same seed, on the tuning seeds {budgets}")
+                       f"{best.name}'s run of the same seed, on the tuning seeds {budgets}"
+                       + (f"; samples a prompt raised to spend in sampling what the policy spent sampling and scoring "
+                          f"its peers' samples in that run (FLOPs matched): {samples}" if tag else ""))
 
     def matched(replay: int) -> Callable[[float], Arm]:
         def make(w: float) -> Arm:
             arm = matched_arm(grpo, w, replay)
-            arm.seed_overrides = {s: study.matched_overrides(s, "self_imitate", budgets[s]) for s in tune}
+            arm.name += tag
+            arm.seed_overrides = {s: study.matched_overrides(s, "self_imitate", budgets[s], samples[s]) for s in tune}
             return arm
         return make
 

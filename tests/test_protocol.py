@@ -408,9 +408,10 @@ def test_a_grid_at_its_edge_after_the_last_extension_adds_no_rate_it_never_train
     from mutualrl.study import Arm
 
     class Fake:
-        notes: list[str] = []
-        tuning: dict = {}
-        trained: set = set()
+        def __init__(self) -> None:
+            self.notes: list[str] = []
+            self.tuning: dict = {}
+            self.trained: set = set()
 
         def tune(self, family, cands, seeds):
             self.trained |= {c.name for c in cands}
@@ -423,3 +424,29 @@ def test_a_grid_at_its_edge_after_the_last_extension_adds_no_rate_it_never_train
     rates = study.tuning["f"]["rates"]["v"]
     assert len(rates) == mutual.MAX_EXTENSIONS + 1 and {f"v{r:g}" for r in rates} == study.trained
     assert chosen.overrides["lr"] == max(rates) and "still at an edge" in study.notes[-1]
+
+
+def test_a_control_matched_on_a_distill_run_spends_the_scoring_flops_in_own_samples(tiny_config, tmp_path,
+                                                                                    monkeypatch):
+    """A policy that spent FLOPs scoring its peers' samples in the sharing run gets, in its matched
+    control, samples a prompt x (1 + scoring / sampling): sampling then costs what sampling and scoring
+    cost (here 8 -> 12); a policy that scored nothing keeps its samples and its config is untouched."""
+    import json
+
+    _real_small(monkeypatch)  # benchmarks/ on the path
+    import mutual
+
+    from mutualrl.study import Arm, Study
+
+    s = Study("t", lambda seed: dict(tiny_config, grpo={"num_generations": 8}), tmp_path / "runs", results=tmp_path)
+    names = [p["name"] for p in tiny_config["policies"]]
+    steps = [{"policy": names[0], "flops_sampling": 4e9, "flops_scoring": 2e9, "train_tokens": 100},
+             {"policy": names[1], "flops_sampling": 3e9, "flops_scoring": 0.0, "train_tokens": 50}] * 3
+    (tmp_path / "t_runs").mkdir()
+    (tmp_path / "t_runs" / "best-seed1.json").write_text(json.dumps(
+        {"arm": "best", "seed": 1, "policies": names, "steps": steps}))
+    best = Arm("best", "sharing", "sharing", {})
+    assert s.scoring_samples(best, 1, 8) == {names[0]: 12}
+    pols = s.matched_overrides(1, "self_imitate", s.policy_budget(best, 1), mutual.control_samples(s, best, 1))
+    assert pols["policies"][0]["grpo"] == {"num_generations": 12} and "grpo" not in pols["policies"][1]
+    assert [p["sharing"]["self_imitate"]["match_tokens"] for p in pols["policies"]] == [100, 50]

@@ -295,18 +295,33 @@ class Study:
         the per-step budget a control matched on that run takes (:meth:`matched_overrides`)."""
         return {p: round(v) for p, v in self.per_step_by_policy(arm, [seed], key).items()}
 
-    def matched_overrides(self, seed: int, step: str, budget: Mapping[str, int]) -> dict[str, Any]:
+    def matched_overrides(self, seed: int, step: str, budget: Mapping[str, int],
+                          generations: Mapping[str, int] | None = None) -> dict[str, Any]:
         """Overrides giving each policy of the base config its own ``sharing.<step>.match_tokens`` from
         ``budget`` (policy name -> tokens a step): per-policy overrides, merged into the policies list. A
         budget under one token (a policy that trained nothing in the run matched) gives 1, since
-        ``match_tokens`` 0 means no limit: its control adds at most one row a step."""
+        ``match_tokens`` 0 means no limit: its control adds at most one row a step. ``generations``
+        (policy name -> samples a prompt, :meth:`scoring_samples`) sets those policies'
+        ``grpo.num_generations``."""
         pols = [dict(p) for p in self.base_config(seed)["policies"]]
         missing = [p["name"] for p in pols if p["name"] not in budget]
         if missing:
             raise StudyError(f"no token budget for {', '.join(missing)} (budgets for {', '.join(budget)})")
         for p in pols:
             p["sharing"] = deep_merge(p.get("sharing", {}), {step: {"match_tokens": max(1, int(budget[p["name"]]))}})
+            if generations and p["name"] in generations:
+                p["grpo"] = deep_merge(p.get("grpo", {}), {"num_generations": int(generations[p["name"]])})
         return {"policies": pols}
+
+    def scoring_samples(self, arm: Arm, seed: int, generations: int) -> dict[str, int]:
+        """The policies whose control must sample more to spend what they spent in ``arm``'s run on
+        ``seed`` sampling *and* scoring its peers' samples (``distill``'s serve phase), with their samples
+        a prompt: ``generations`` x (1 + scoring FLOPs / sampling FLOPs), rounded. A policy that scored
+        nothing (or by less than half a sample's worth) is left out: it keeps ``generations``."""
+        scoring = self.per_step_by_policy(arm, [seed], "flops_scoring")
+        sampling = self.per_step_by_policy(arm, [seed], "flops_sampling")
+        out = {p: round(generations * (1 + scoring[p] / sampling[p])) for p in sampling if sampling[p] > 0}
+        return {p: n for p, n in out.items() if n != generations}
 
     def per_step(self, arm: Arm, seeds: Sequence[int], key: str) -> float:
         """The mean of step metric ``key`` of ``arm`` per policy and step (from its records)."""
