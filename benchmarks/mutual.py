@@ -44,7 +44,7 @@ from typing import Any
 
 from _common import RESULTS
 
-from mutualrl.study import Arm, Study
+from mutualrl.study import Arm, Study, evidence
 
 VAL_SIZE = 1000
 TEST_SIZE = 1000
@@ -217,7 +217,31 @@ def tune_all(study: Study, tune: list[int]) -> tuple[Arm, Arm, Arm, Arm]:
                           f"its peers' samples in that run (FLOPs matched): {samples}" if tag else ""))
     held = tune_grid(study, "matched", {"replay4": (matched(4), [1e-4, 3e-4, 5e-4]),
                                         "replay16": (matched(16), [1e-4, 3e-4, 5e-4])}, tune)
+    if tag:
+        retired = {r["arm"]: r for r in study.records_matching("matched_lr", tune) if not r["arm"].endswith(tag)}
+        if retired:
+            study.notes.append("matched control candidates retired by the amendment (8 samples a prompt, outside the "
+                               "FLOPs match; committed as they ran), validation: " + ", ".join(
+                                   f"{a} {100 * (evidence.final_accuracy(r, 'val') or 0):.1f}"
+                                   for a, r in sorted(retired.items())))
     return ind, ctrl, best, held
+
+
+def check_inside_match(study: Study, held: Arm, best: Arm, seeds: Sequence[int]) -> None:
+    """Stop before any final seed unless the chosen matched control is inside the match (each policy's
+    trained tokens, optimizer steps and FLOPs within 10 % of ``best``'s) on the tuning ``seeds``: the
+    plan's gate (``benchmarks/README.md``, the amendment). Noted in the study either way."""
+    runs = study.records(held, seeds) + study.records(best, seeds)
+    ratios = evidence.policy_ratios(runs, held.name, best.name)
+    worst = {k: {p: round(max(c["values"], key=lambda v: abs(v - 1)), 3) for p, c in cells.items()}
+             for k, cells in ratios.items() if k != "seeds"}
+    inside = evidence.inside_match(ratios)
+    study.notes.append(f"matched control {held.name} against {best.name} on the tuning seeds {list(seeds)}: "
+                       f"{'inside' if inside else 'OUTSIDE'} the match (ratios per policy, the farthest from 1: {worst})")
+    if not inside:
+        raise SystemExit(f"the chosen matched control {held.name} is not inside the compute match of {best.name} on "
+                         f"the tuning seeds (per policy, the farthest ratios: {worst}); the plan stops here, before "
+                         "any final seed: change how the control gets its compute and amend the plan")
 
 
 def control_samples(study: Study, best: Arm, seed: int) -> dict[str, int]:
@@ -246,9 +270,12 @@ def final_round(study: Study, arms: tuple[Arm, Arm, Arm, Arm], final: list[int],
             matched.seed_overrides[s] = match(s, study.policy_budget(best, s))
         study.run((matched, s) for s in seeds)
     study.notes.append(f"{name}: {held.name} (chosen on validation) with each policy's token budget a "
-                       f"step from {best.name}'s run of the same final seed: "
-                       + "; ".join(f"seed {s}: {study.policy_budget(best, s)}" for s in final
-                                   if s in matched.seed_overrides))
+                       f"step (and, where it scored its peers' samples, its samples a prompt) from {best.name}'s "
+                       "run of the same final seed: "
+                       + "; ".join(f"seed {s}: {study.policy_budget(best, s)}"
+                                   + (f", samples {control_samples(study, best, s)}"
+                                      if control_samples(study, best, s) else "")
+                                   for s in final if s in matched.seed_overrides))
     return [ind, ctrl, best, matched]
 
 
@@ -260,6 +287,7 @@ def run(args: argparse.Namespace) -> None:
         study.arms = {a.name: a for a in arms}
         study.write({"phase": "tune"}, report=False)
         return
+    check_inside_match(study, arms[3], arms[2], tune)
     headline = final_round(study, arms, final, args.chunk)
     study.arms = {a.name: a for a in headline}
     study.write({"task_file": args.task_file, "zoo_seed": "run seed (tuning seed: build 0)"

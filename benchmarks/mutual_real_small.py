@@ -399,9 +399,10 @@ def distill_arms(grpo: dict[str, Any]) -> list[Arm]:
 
 def more_samples(overrides: dict[str, Any], short: list[str], generations: int) -> dict[str, Any]:
     """``overrides`` (with a ``policies`` list) with each ``short`` policy sampling ``generations``
-    completions a prompt (``policies[i].grpo.num_generations``)."""
-    pols = [deep_merge(p, {"grpo": {"num_generations": generations}}) if p["name"] in short else p
-            for p in overrides["policies"]]
+    completions a prompt (``policies[i].grpo.num_generations``), or the samples ``overrides`` already
+    gives it where more (those that spend a ``distill`` arm's scoring FLOPs: :func:`mutual.control_samples`)."""
+    pols = [deep_merge(p, {"grpo": {"num_generations": max(generations, p.get("grpo", {}).get("num_generations", 0))}})
+            if p["name"] in short else p for p in overrides["policies"]]
     return {**overrides, "policies": pols}
 
 

@@ -202,3 +202,15 @@ def test_committed_studies_render():
         found += 1
     if not found:
         pytest.skip("no committed study JSON")
+
+
+def test_a_control_that_samples_more_to_match_scoring_flops_is_inside_and_says_so():
+    """Tokens, steps and FLOPs decide the match; sampled tokens outside 10 % are reported beside it."""
+    ratios = {"p": {"trained_tokens": {"values": [1.02]}, "optimizer_steps": {"values": [1.0]},
+                    "sampled_tokens": {"values": [1.5]}, "flops": {"values": [0.99]}}}
+    verdict = et.match_verdict(ratios)
+    assert verdict["inside"] is True and verdict["outside"] == ["sampled_tokens"]
+    assert et._match_text(verdict) == "yes; sampled 1.50"
+    ratios["p"]["flops"]["values"] = [0.85]
+    verdict = et.match_verdict(ratios)
+    assert verdict["inside"] is False and et._match_text(verdict) == "no: FLOPs 0.85; sampled 1.50"

@@ -53,6 +53,12 @@ def test_catch_up_weights_the_reached_skills_down_and_renormalises():
     mix = {"a": 1.0, "b": 1.0, "c": 2.0}
     out = catch_up(mix, ["c"], 0.5)
     assert out == pytest.approx({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}) and sum(out.values()) == pytest.approx(1.0)
+    # after nudges have already starved a type to the floor, the catch-up keeps it there, not below
+    from mutualrl.zoo.sft import MIN_SHARE, _steer
+
+    nudged = _steer(_steer(_steer({"add": 0.5, "sub": 0.5}, ["add"], ["sub"]), ["add"], ["sub"]), ["add"], ["sub"])
+    assert nudged["add"] == pytest.approx(MIN_SHARE)
+    assert catch_up(nudged, ["add"], 0.25) == pytest.approx({"add": MIN_SHARE, "sub": 1 - MIN_SHARE})
     # none reached, all reached, or weight 1: the very same mixture (an even phase is the old recipe)
     for reached, weight in (([], 0.25), (["a", "b", "c"], 0.25), (["c"], 1.0)):
         assert catch_up(mix, reached, weight) is mix
@@ -113,7 +119,8 @@ def test_the_catch_up_flag_and_task_file_field(tmp_path, capsys):
     path = tmp_path / "mix.yaml"
     path.write_text(yaml.safe_dump(cfg))
     assert task_specs(path)[1]["gpt2-plus"].generalist_catch_up == 0.5
-    cfg["zoo"][0]["generalist_catch_up"] = "half"
-    path.write_text(yaml.safe_dump(cfg))
-    with pytest.raises(UserError, match=r"zoo\[0\]\.generalist_catch_up"):
-        task_specs(path)
+    for bad in ("half", 0, 1.5):
+        cfg["zoo"][0]["generalist_catch_up"] = bad
+        path.write_text(yaml.safe_dump(cfg))
+        with pytest.raises(UserError, match=r"zoo\[0\]\.generalist_catch_up"):
+            task_specs(path)

@@ -140,15 +140,15 @@ def compute_ratios(runs: Sequence[Mapping[str, Any]], table: Mapping[str, Mappin
                    baseline: str) -> dict[str, Any]:
     """``arm``'s compute over ``baseline``'s: the means' ratios of trained tokens, optimizer steps,
     sampled tokens and (where both arms' runs counted them) FLOPs in all and of scoring; the trained
-    tokens' ratio per seed; and per policy and seed, the ratios of trained tokens, optimizer steps and
-    FLOPs (``<key>_per_policy``)."""
+    tokens' ratio per seed; and per policy and seed, the ratios of trained tokens, optimizer steps,
+    FLOPs and sampled tokens (``<key>_per_policy``; the verdicts judge the first three)."""
     tok = evidence.token_ratios(runs, arm, baseline)
     by_policy = evidence.policy_ratios(runs, arm, baseline)
     keys = ["trained_tokens", "optimizer_steps", "sampled_tokens"]
     keys += [k for k in ("flops", "flops_scoring") if k in table[arm] and k in table[baseline]]
     return {**{k: table[arm][k]["mean"] / max(table[baseline][k]["mean"], 1e-9) for k in keys},
             "trained_tokens_per_seed": tok["per_seed"],
-            **{f"{k}_per_policy": by_policy[k] for k in evidence.MATCH_KEYS if k in by_policy}}
+            **{f"{k}_per_policy": by_policy[k] for k in evidence.RATIO_KEYS if k in by_policy}}
 
 
 def _headline(sel: Sequence[Mapping[str, Any]], table: Mapping[str, Mapping[str, Any]], share: Sequence[str],

@@ -89,6 +89,9 @@ def compute_spent(run: Mapping[str, Any]) -> dict[str, float]:
 MATCH_KEYS: tuple[str, ...] = ("trained_tokens", "optimizer_steps", "flops")
 """What a compute match holds within 10 %, per seed and policy: trained tokens, optimizer steps and
 FLOPs in all (sampling, scoring and update; where both runs counted them)."""
+RATIO_KEYS: tuple[str, ...] = (*MATCH_KEYS, "sampled_tokens")
+"""What :func:`policy_ratios` reports per seed and policy: the match's keys, and the sampled tokens
+(rollouts), which a control that spends its peers' scoring FLOPs in own samples does not match."""
 
 
 def compute_by_policy(run: Mapping[str, Any]) -> dict[str, dict[str, float]]:
@@ -98,9 +101,10 @@ def compute_by_policy(run: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     for s in run["steps"]:
         if "policy" not in s:
             continue
-        d = out.setdefault(s["policy"], {"trained_tokens": 0.0, "optimizer_steps": 0.0})
+        d = out.setdefault(s["policy"], {"trained_tokens": 0.0, "optimizer_steps": 0.0, "sampled_tokens": 0.0})
         d["trained_tokens"] += float(s.get("train_tokens", 0))
         d["optimizer_steps"] += float(s.get("optimizer_steps", 0))
+        d["sampled_tokens"] += float(s.get("gen_tokens", 0))
         if "flops_update" in s:
             for phase in ("sampling", "scoring", "update"):
                 d[f"flops_{phase}"] = d.get(f"flops_{phase}", 0.0) + float(s.get(f"flops_{phase}", 0.0))
@@ -115,7 +119,7 @@ def tokens_by_policy(run: Mapping[str, Any]) -> dict[str, float]:
 
 def policy_ratios(runs: Sequence[Mapping[str, Any]], arm: str, baseline: str) -> dict[str, Any]:
     """``arm``'s compute over ``baseline``'s per policy, per seed both ran, for each of
-    :data:`MATCH_KEYS` both counted: ``{key: {policy: {mean, values}}}``, with ``seeds``."""
+    :data:`RATIO_KEYS` both counted: ``{key: {policy: {mean, values}}}``, with ``seeds``."""
     mine = {int(r["seed"]): r for r in runs if r["arm"] == arm}
     theirs = {int(r["seed"]): r for r in runs if r["arm"] == baseline}
     seeds = sorted(set(mine) & set(theirs))
@@ -123,7 +127,7 @@ def policy_ratios(runs: Sequence[Mapping[str, Any]], arm: str, baseline: str) ->
     for s in seeds:
         a, b = compute_by_policy(mine[s]), compute_by_policy(theirs[s])
         for p, spent in a.items():
-            for k in MATCH_KEYS:
+            for k in RATIO_KEYS:
                 if k in spent and b.get(p, {}).get(k):
                     out.setdefault(k, {}).setdefault(p, []).append(spent[k] / b[p][k])
     return {"seeds": seeds, **{k: {p: {"mean": statistics.fmean(v), "values": v} for p, v in by_p.items()}

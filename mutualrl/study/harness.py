@@ -266,6 +266,11 @@ class Study:
         """The records of ``arm``'s runs on ``seeds``."""
         return [r for r in load_records(self.runs_dir) if r["arm"] == arm.name and r["seed"] in seeds]
 
+    def records_matching(self, prefix: str, seeds: Sequence[int]) -> list[dict[str, Any]]:
+        """The records on ``seeds`` of every arm whose name starts with ``prefix`` (committed runs of
+        arms that are no longer candidates included)."""
+        return [r for r in load_records(self.runs_dir) if str(r["arm"]).startswith(prefix) and r["seed"] in seeds]
+
     def tune(self, family: str, candidates: Sequence[Arm], seeds: Sequence[int]) -> Arm:
         """Run ``candidates`` on ``seeds``; the one with the best mean final validation accuracy."""
         self.run((a, s) for a in candidates for s in seeds)

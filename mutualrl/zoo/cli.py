@@ -121,6 +121,8 @@ def _recipe_fields(entry: dict[str, Any], where: str) -> dict[str, Any]:
                     or (positive and value <= 0)):
                 raise ConfigError(f"{where}.{key}", f"expected {'a positive ' if positive else 'an '}"
                                   f"{'integer' if kind is int else 'number'}, got {value!r}")
+            if key == "generalist_catch_up" and value > 1:
+                raise ConfigError(f"{where}.{key}", f"expected a number in (0, 1] (1: an even mixture), got {value!r}")
             out[key] = kind(value)
     return out
 

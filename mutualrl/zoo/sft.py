@@ -119,15 +119,21 @@ def _steer(mixture: dict[str, float], above: list[str], below: list[str]) -> dic
     """``mixture`` with the shares of the types ``above`` their band halved and of those ``below``
     it multiplied by 1.5, renormalised, every share at least :data:`MIN_SHARE` (or half an even
     share, with more than ten types)."""
-    floor = min(MIN_SHARE, 0.5 / len(mixture))
-    out = {k: v * (0.5 if k in above else 1.5 if k in below else 1.0) for k, v in mixture.items()}
+    return _floored({k: v * (0.5 if k in above else 1.5 if k in below else 1.0) for k, v in mixture.items()})
+
+
+def _floored(weights: dict[str, float]) -> dict[str, float]:
+    """``weights`` renormalised to shares, every share at least :data:`MIN_SHARE` (or half an even
+    share, with more than ten types): the types under the floor get it, the others share the rest in
+    proportion."""
+    floor = min(MIN_SHARE, 0.5 / len(weights))
     floored: set[str] = set()
-    while True:  # types under the floor get it; the others share the rest in proportion
-        free = sum(v for k, v in out.items() if k not in floored)
+    while True:
+        free = sum(v for k, v in weights.items() if k not in floored)
         rest = 1.0 - floor * len(floored)
-        low = {k for k, v in out.items() if k not in floored and v / free * rest < floor}
+        low = {k for k, v in weights.items() if k not in floored and v / free * rest < floor}
         if not low:
-            return {k: floor if k in floored else v / free * rest for k, v in out.items()}
+            return {k: floor if k in floored else v / free * rest for k, v in weights.items()}
         floored |= low
 
 
@@ -309,12 +315,11 @@ def _generalist(run: _Run) -> bool:
 def catch_up(mixture: dict[str, float], reached: Sequence[str], weight: float) -> dict[str, float]:
     """The generalist phase's batch mixture: ``mixture`` with the share of every type in ``reached``
     (at or above the target at the last check) times ``weight``, renormalised, while some type is
-    still below it; ``mixture`` itself when none or all have reached it, or ``weight`` is 1."""
+    still below it, no share under :data:`MIN_SHARE` (a skill taken out is forgotten within a few
+    dozen steps); ``mixture`` itself when none or all have reached it, or ``weight`` is 1."""
     if weight >= 1.0 or not reached or len(reached) == len(mixture):
         return mixture
-    out = {k: v * (weight if k in reached else 1.0) for k, v in mixture.items()}
-    total = sum(out.values())
-    return {k: v / total for k, v in out.items()}
+    return _floored({k: v * (weight if k in reached else 1.0) for k, v in mixture.items()})
 
 
 SPECIALISE_LR_SCALE = 1 / 3
