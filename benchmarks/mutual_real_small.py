@@ -241,6 +241,12 @@ def choose(zs: dict[str, Any], shortcut: dict[str, float] | None = None, n: int 
         raise SystemExit(f"zero-shot choice: {len(kept)} candidate type(s) left after leaving out those a constant "
                          f"answer solves {SHORTCUT_SHARE:.0%} of the time ({sorted(excluded)}); two are needed")
 
+    missing = sorted({t for rows in zs.values() for r in rows for ex in EXTRACTIONS for t in kept
+                      if t not in r["accuracy"][ex]})
+    if missing:
+        raise SystemExit(f"zero-shot table: no accuracy for {missing} (a table measured on other candidate types); "
+                         "measure it again without --zero-shot-from")
+
     def mean_kept(accuracy: dict[str, float]) -> float:  # formats and extraction are judged on kept types only
         return statistics.fmean(accuracy[t] for t in kept)
 

@@ -450,3 +450,29 @@ def test_a_control_matched_on_a_distill_run_spends_the_scoring_flops_in_own_samp
     pols = s.matched_overrides(1, "self_imitate", s.policy_budget(best, 1), mutual.control_samples(s, best, 1))
     assert pols["policies"][0]["grpo"] == {"num_generations": 12} and "grpo" not in pols["policies"][1]
     assert [p["sharing"]["self_imitate"]["match_tokens"] for p in pols["policies"]] == [100, 50]
+
+
+def test_the_real_pairs_smoke_test_keeps_to_its_own_folders_and_bad_flags_stop_it(monkeypatch):
+    """--quick runs in NAME_quick and OUT_quick with its results under OUT_quick (the study's run
+    folders and committed results untouched); --evals 1 and a final seed equal to the tuning seed
+    stop the script before anything runs; a zero-shot table without a kept type is refused."""
+    import sys
+    from pathlib import Path
+
+    study = _real_small(monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["mutual_real_small.py", "--quick"])
+    args = study.checked_args(study.parser())
+    assert args.name == "mutual_real_small_quick" and args.out == "runs/study_real_small_quick"
+    assert args.results == Path(args.out) / "results" and args.final == [1] and args.steps == 4
+    for argv in (["--evals", "1"], ["--final-seeds", "0,1"]):
+        monkeypatch.setattr(sys, "argv", ["mutual_real_small.py", *argv])
+        with pytest.raises(SystemExit):
+            study.checked_args(study.parser())
+    a, b = list(study.CANDIDATES)[:2]
+    table = _zero_shot_table(study, {"smollm2": [{a: 0.6}, {}], "gemma3": [{b: 0.6}, {}]})
+    for rows in table.values():
+        for r in rows:
+            for ex in study.EXTRACTIONS:
+                r["accuracy"][ex].pop(b)
+    with pytest.raises(SystemExit, match="no accuracy for"):
+        study.choose(table, {}, n=100)
