@@ -200,8 +200,7 @@ def tune_all(study: Study, tune: list[int]) -> tuple[Arm, Arm, Arm, Arm]:
         "peer2": (lambda lr: imitate_arm(grpo, "peer2", lr), [3e-4])}, tune, fixed=distill_arms(grpo))
     ctrl = tune_grid(study, "self_imitate", {"lr": (lambda lr: self_imitate_arm(grpo, lr), [1e-4, 3e-4, 5e-4])}, tune)
     budgets = {s: study.policy_budget(best, s) for s in tune}
-    samples = {s: control_samples(study, best, s) for s in tune}
-    tag = "".join(sorted({f"_samples{n}" for per in samples.values() for n in per.values()}))
+    samples, tag = matched_samples(study, best, tune, budgets)
 
     def matched(replay: int) -> Callable[[float], Arm]:
         def make(lr: float) -> Arm:
@@ -211,10 +210,6 @@ def tune_all(study: Study, tune: list[int]) -> tuple[Arm, Arm, Arm, Arm]:
             return arm
         return make
 
-    study.notes.append(f"matched control candidates: each policy's token budget a step is what it trained a step in "
-                       f"{best.name}'s run of the same seed, on the tuning seeds {budgets}"
-                       + (f"; samples a prompt raised to spend in sampling what the policy spent sampling and scoring "
-                          f"its peers' samples in that run (FLOPs matched): {samples}" if tag else ""))
     held = tune_grid(study, "matched", {"replay4": (matched(4), [1e-4, 3e-4, 5e-4]),
                                         "replay16": (matched(16), [1e-4, 3e-4, 5e-4])}, tune)
     if tag:
@@ -242,6 +237,20 @@ def check_inside_match(study: Study, held: Arm, best: Arm, seeds: Sequence[int])
         raise SystemExit(f"the chosen matched control {held.name} is not inside the compute match of {best.name} on "
                          f"the tuning seeds (per policy, the farthest ratios: {worst}); the plan stops here, before "
                          "any final seed: change how the control gets its compute and amend the plan")
+
+
+def matched_samples(study: Study, best: Arm, tune: Sequence[int],
+                    budgets: Mapping[int, Mapping[str, int]]) -> tuple[dict[int, dict[str, int]], str]:
+    """The matched control candidates' samples a prompt on each tuning seed (:func:`control_samples`)
+    and the suffix their names take where any policy samples more (``_samples12``; empty where none
+    does), with the note that states the candidates' budgets and samples."""
+    samples = {s: control_samples(study, best, s) for s in tune}
+    tag = "".join(sorted({f"_samples{n}" for per in samples.values() for n in per.values()}))
+    study.notes.append(f"matched control candidates: each policy's token budget a step is what it trained a step in "
+                       f"{best.name}'s run of the same seed, on the tuning seeds {dict(budgets)}"
+                       + (f"; samples a prompt raised to spend in sampling what the policy spent sampling and scoring "
+                          f"its peers' samples in that run (FLOPs matched): {samples}" if tag else ""))
+    return samples, tag
 
 
 def control_samples(study: Study, best: Arm, seed: int) -> dict[str, int]:
@@ -273,8 +282,7 @@ def final_round(study: Study, arms: tuple[Arm, Arm, Arm, Arm], final: list[int],
                        f"step (and, where it scored its peers' samples, its samples a prompt) from {best.name}'s "
                        "run of the same final seed: "
                        + "; ".join(f"seed {s}: {study.policy_budget(best, s)}"
-                                   + (f", samples {control_samples(study, best, s)}"
-                                      if control_samples(study, best, s) else "")
+                                   + (f", samples {more}" if (more := control_samples(study, best, s)) else "")
                                    for s in final if s in matched.seed_overrides))
     return [ind, ctrl, best, matched]
 

@@ -456,12 +456,7 @@ def tune_all(study: Study, tune: list[int], generations: int) -> Tuned:
     ctrl = mutual.tune_grid(study, "self_imitate", {"w": (lambda w: self_imitate_arm(grpo, w), WEIGHTS)}, tune,
                             nxt=WEIGHT_NEXT)
     budgets = {s: study.policy_budget(best, s) for s in tune}
-    samples = {s: mutual.control_samples(study, best, s) for s in tune}
-    tag = "".join(sorted({f"_samples{n}" for per in samples.values() for n in per.values()}))
-    study.notes.append(f"matched control candidates: each policy's token budget a step is what it trained a step in "
-                       f"{best.name}'s run of the same seed, on the tuning seeds {budgets}"
-                       + (f"; samples a prompt raised to spend in sampling what the policy spent sampling and scoring "
-                          f"its peers' samples in that run (FLOPs matched): {samples}" if tag else ""))
+    samples, tag = mutual.matched_samples(study, best, tune, budgets)
 
     def matched(replay: int) -> Callable[[float], Arm]:
         def make(w: float) -> Arm:

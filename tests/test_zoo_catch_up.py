@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from _zoo_task_file import task_file
 
 from mutualrl import zoo
 from mutualrl.errors import UserError
@@ -100,8 +101,6 @@ def test_catch_up_is_keyed_only_when_set_and_checked():
 def test_the_catch_up_flag_and_task_file_field(tmp_path, capsys):
     """`zoo build --catch-up` takes a number in (0, 1]; a task file's entry sets generalist_catch_up per
     policy; bad values exit 2 naming the flag or the field."""
-    import yaml
-
     from mutualrl.cli import main
     from mutualrl.zoo.cli import task_specs
 
@@ -109,18 +108,8 @@ def test_the_catch_up_flag_and_task_file_field(tmp_path, capsys):
         with pytest.raises(SystemExit) as exc:
             main(["zoo", "build", "--catch-up", bad, "--cache-dir", str(tmp_path)])
         assert exc.value.code == 2 and "--catch-up" in capsys.readouterr().err
-    ops = {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2, "allow_parentheses": False,
-           "allow_negation": False}
-    cfg = {"task": {"datasets": [{"name": "basic_arithmetic", "alias": "add", "config": dict(ops, operators=["+"])},
-                                 {"name": "basic_arithmetic", "alias": "sub", "config": dict(ops, operators=["-"])}],
-                    "test_size": 20, "train_size": 1500},
-           "zoo": [{"name": "gpt2-plus", "like": "gpt2-add", "sft_mixture": {"add": 1.0},
-                    "bands": {"add": [0.35, 1.0], "sub": [0.0, 0.05]}, "generalist_catch_up": 0.5}]}
-    path = tmp_path / "mix.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = task_file(tmp_path, generalist_catch_up=0.5)
     assert task_specs(path)[1]["gpt2-plus"].generalist_catch_up == 0.5
     for bad in ("half", 0, 1.5):
-        cfg["zoo"][0]["generalist_catch_up"] = bad
-        path.write_text(yaml.safe_dump(cfg))
         with pytest.raises(UserError, match=r"zoo\[0\]\.generalist_catch_up"):
-            task_specs(path)
+            task_specs(task_file(tmp_path, generalist_catch_up=bad))

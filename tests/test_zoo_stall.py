@@ -11,6 +11,7 @@ import io
 import re
 
 import pytest
+from _zoo_task_file import task_file
 
 from mutualrl import zoo
 from mutualrl.errors import UserError
@@ -175,21 +176,6 @@ def test_the_shipped_gpt2_add_stands_for_seed_0_of_todays_recipe():
     assert policy_dir("gpt2-add", shipped=False).parent.parent != SHIPPED_ROOT
 
 
-def _task_file(tmp_path, **entry):
-    import yaml
-
-    ops = {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2, "allow_parentheses": False,
-           "allow_negation": False}
-    cfg = {"task": {"datasets": [{"name": "basic_arithmetic", "alias": "add", "config": dict(ops, operators=["+"])},
-                                 {"name": "basic_arithmetic", "alias": "sub", "config": dict(ops, operators=["-"])}],
-                    "test_size": 20, "train_size": 1500},
-           "zoo": [{"name": "gpt2-plus", "like": "gpt2-add", "sft_mixture": {"add": 1.0},
-                    "bands": {"add": [0.35, 1.0], "sub": [0.0, 0.05]}, "generalist_target": 0.3, **entry}]}
-    path = tmp_path / "mix.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 def test_a_warm_start_that_cannot_land_stops_early_with_exit_2_and_the_levers(tmp_path, monkeypatch, capsys):
     """`mutualrl zoo build --task`: the left-out skill plateaus just above its band. The build nudges,
     stalls, starts over from another initialisation, stalls again and exits 2 within a few dozen
@@ -199,7 +185,7 @@ def test_a_warm_start_that_cannot_land_stops_early_with_exit_2_and_the_levers(tm
 
     monkeypatch.setitem(zoo.ZOO, "gpt2-add", _tiny())
     calls = _script(monkeypatch, [lambda n: READY if n == 0 else STUCK] * 2)
-    path = _task_file(tmp_path, stall_patience=2)
+    path = task_file(tmp_path, stall_patience=2)
     cache = tmp_path / "cache"
     rc = main(["zoo", "build", "--task", str(path), "--jobs", "1", "--cache-dir", str(cache), "--stall-checks", "6"])
     captured = capsys.readouterr()

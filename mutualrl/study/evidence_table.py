@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mutualrl.study.evidence import interval
+from mutualrl.study.evidence import MATCH_KEYS, interval
 
 START = "<!-- evidence-table:start -->"
 END = "<!-- evidence-table:end -->"
@@ -40,10 +40,6 @@ TOLERANCE = 0.10
 MIN_SEEDS = 5
 COMPUTE_KEYS = ("trained_tokens", "optimizer_steps", "sampled_tokens", "flops")
 """The per-policy compute compared (FLOPs only where the runs counted them)."""
-MATCHED_KEYS = ("trained_tokens", "optimizer_steps", "flops")
-"""What the match judges (the plan's, :data:`mutualrl.study.evidence.MATCH_KEYS`): sampled tokens
-are reported beside it, since a control may spend a ``distill`` arm's scoring FLOPs in own samples
-(the plan's amendment, ``benchmarks/README.md``)."""
 _STEP_KEY = {"trained_tokens": "train_tokens", "optimizer_steps": "optimizer_steps", "sampled_tokens": "gen_tokens"}
 FLOPS_PHASES = ("flops_sampling", "flops_scoring", "flops_update")
 _SHORT = {"trained_tokens": "tokens", "optimizer_steps": "steps", "sampled_tokens": "sampled", "flops": "FLOPs"}
@@ -109,10 +105,12 @@ def policy_ratios(runs: Sequence[Mapping[str, Any]], arm: str, ref: str,
 
 
 def match_verdict(ratios: Mapping[str, Mapping[str, Mapping[str, Any]]], tol: float = TOLERANCE) -> dict[str, Any]:
-    """Whether every per-seed, per-policy ratio of :data:`MATCHED_KEYS` in :func:`policy_ratios` lies
-    within ``tol`` of 1: the verdict (None without any ratio), the quantities outside (in
-    :data:`COMPUTE_KEYS` order, sampled tokens included, which do not decide it) with the ratio
-    farthest from 1 of each (any seed, any policy), and whether FLOPs were compared."""
+    """Whether every per-seed, per-policy ratio of the match's quantities
+    (:data:`~mutualrl.study.evidence.MATCH_KEYS`: sampled tokens are reported beside it, since a
+    control may spend a ``distill`` arm's scoring FLOPs in own samples, the plan's amendment) in
+    :func:`policy_ratios` lies within ``tol`` of 1: the verdict (None without any ratio), the
+    quantities outside (in :data:`COMPUTE_KEYS` order, sampled tokens included, which do not decide
+    it) with the ratio farthest from 1 of each (any seed, any policy), and whether FLOPs were compared."""
     if not ratios:
         return {"inside": None, "outside": [], "flops_compared": False}
     worst: dict[str, float] = {}
@@ -123,7 +121,7 @@ def match_verdict(ratios: Mapping[str, Mapping[str, Mapping[str, Any]]], tol: fl
                 worst[key] = far
     outside = [k for k in COMPUTE_KEYS if k in worst]
     flops = all("flops" in cells for cells in ratios.values())
-    return {"inside": not any(k in MATCHED_KEYS for k in outside), "outside": outside,
+    return {"inside": not any(k in MATCH_KEYS for k in outside), "outside": outside,
             "worst": {k: worst[k] for k in outside}, "flops_compared": flops}
 
 
@@ -199,7 +197,7 @@ def _match_text(m: Mapping[str, Any] | None) -> str:
         return "(reference)"
     if m["inside"] is None:
         return "n/a"
-    off = [k for k in m["outside"] if k in MATCHED_KEYS]
+    off = [k for k in m["outside"] if k in MATCH_KEYS]
     text = "yes" if m["inside"] else "no: " + ", ".join(f"{_SHORT[k]} {m['worst'][k]:.2f}" for k in off)
     if "sampled_tokens" in m["outside"]:  # reported, not judged: e.g. scoring FLOPs spent in own samples
         text += f"; sampled {m['worst']['sampled_tokens']:.2f}"
