@@ -228,8 +228,7 @@ def check_inside_match(study: Study, held: Arm, best: Arm, seeds: Sequence[int])
     plan's gate (``benchmarks/README.md``, the amendment). Noted in the study either way."""
     runs = study.records(held, seeds) + study.records(best, seeds)
     ratios = evidence.policy_ratios(runs, held.name, best.name)
-    worst = {k: {p: round(max(c["values"], key=lambda v: abs(v - 1)), 3) for p, c in cells.items()}
-             for k, cells in ratios.items() if k != "seeds"}
+    worst = {k: {p: round(v, 3) for p, v in by_p.items()} for k, by_p in evidence.farthest(ratios).items()}
     inside = evidence.inside_match(ratios)
     study.notes.append(f"matched control {held.name} against {best.name} on the tuning seeds {list(seeds)}: "
                        f"{'inside' if inside else 'OUTSIDE'} the match (ratios per policy, the farthest from 1: {worst})")

@@ -10,6 +10,7 @@ import pytest
 
 from mutualrl.study import evidence_table as et
 from mutualrl.study.aggregate import aggregate
+from mutualrl.study.evidence import compute_by_policy, policy_ratios
 from mutualrl.study.records import write_record
 
 POLICIES = ("p", "q")
@@ -65,45 +66,48 @@ def test_headline_arms_best_strongest_then_other_baselines(study):
 
 
 def test_policy_compute_sums_per_policy_and_flops_only_when_counted():
-    plain = et.policy_compute(run("a", "sharing", 0, 0.5, 0.5, {"p": 10, "q": 20}, steps=4, opt=2))
+    plain = compute_by_policy(run("a", "sharing", 0, 0.5, 0.5, {"p": 10, "q": 20}, steps=4, opt=2))
     assert plain == {"p": {"trained_tokens": 40.0, "optimizer_steps": 8.0, "sampled_tokens": 400.0},
                      "q": {"trained_tokens": 80.0, "optimizer_steps": 8.0, "sampled_tokens": 400.0}}
-    counted = et.policy_compute(run("a", "sharing", 0, 0.5, 0.5, {"p": 10, "q": 20}, steps=2,
+    counted = compute_by_policy(run("a", "sharing", 0, 0.5, 0.5, {"p": 10, "q": 20}, steps=2,
                                     flops={"p": 3.0, "q": 5.0}))
     assert counted["p"]["flops"] == pytest.approx(6.0) and counted["q"]["flops"] == pytest.approx(10.0)
 
 
 def test_a_control_matched_on_the_sum_is_not_matched_per_policy():
     runs = records()
-    sum_ratios = et.policy_ratios(runs, "sum_matched", "share")
-    assert sum_ratios["p"]["trained_tokens"]["mean"] == pytest.approx(0.6)
-    assert sum_ratios["q"]["trained_tokens"]["mean"] == pytest.approx(1.4)
-    assert sum_ratios["p"]["trained_tokens"]["seeds"] == [0, 1, 2]
+    sum_ratios = policy_ratios(runs, "sum_matched", "share")
+    assert sum_ratios["trained_tokens"]["p"]["mean"] == pytest.approx(0.6)
+    assert sum_ratios["trained_tokens"]["q"]["mean"] == pytest.approx(1.4)
+    assert sum_ratios["seeds"] == [0, 1, 2]
     verdict = et.match_verdict(sum_ratios)
     assert verdict["inside"] is False and verdict["outside"] == ["trained_tokens"]
     assert abs(verdict["worst"]["trained_tokens"] - 1) == pytest.approx(0.4)
     assert verdict["flops_compared"] is False
-    matched = et.match_verdict(et.policy_ratios(runs, "matched", "share"))
+    matched = et.match_verdict(policy_ratios(runs, "matched", "share"))
     assert matched["inside"] is True and matched["outside"] == []
-    grpo = et.match_verdict(et.policy_ratios(runs, "grpo", "share"))
+    grpo = et.match_verdict(policy_ratios(runs, "grpo", "share"))
     assert grpo["outside"] == ["trained_tokens", "optimizer_steps"]
     assert et.match_verdict({})["inside"] is None
+    assert et.match_verdict(policy_ratios(runs, "matched", "nobody"))["inside"] is None
 
 
 def test_flops_compared_only_when_both_counted():
     runs = records(flops=True)
-    ratios = et.policy_ratios(runs, "matched", "share")
-    assert ratios["p"]["flops"]["mean"] == pytest.approx(1.0)
+    ratios = policy_ratios(runs, "matched", "share")
+    assert ratios["flops"]["p"]["mean"] == pytest.approx(1.0)
     assert et.match_verdict(ratios)["flops_compared"] is True
     mixed = [r for r in runs if r["arm"] != "grpo"] + [r for r in records() if r["arm"] == "grpo"]
-    assert "flops" not in et.policy_ratios(mixed, "grpo", "share")["p"]
+    assert "flops" not in policy_ratios(mixed, "grpo", "share")
+    assert et.match_verdict(policy_ratios(mixed, "grpo", "share"))["flops_compared"] is False
 
 
 def test_only_final_seeds_count():
     runs = records() + [run("sum_matched", "baseline", 9, 0.1, 0.1, {"p": 100, "q": 100}),
                         run("share", "sharing", 9, 0.1, 0.1, {"p": 100, "q": 100})]
-    assert et.policy_ratios(runs, "sum_matched", "share", seeds=[0, 1, 2])["p"]["trained_tokens"]["seeds"] == [0, 1, 2]
-    assert len(et.policy_ratios(runs, "sum_matched", "share")["p"]["trained_tokens"]["values"]) == 4
+    chosen = policy_ratios(runs, "sum_matched", "share", seeds=[0, 1, 2])
+    assert chosen["seeds"] == [0, 1, 2] and len(chosen["trained_tokens"]["p"]["values"]) == 3
+    assert len(policy_ratios(runs, "sum_matched", "share")["trained_tokens"]["p"]["values"]) == 4
 
 
 def test_target_verdict_states_every_reason():
@@ -206,11 +210,11 @@ def test_committed_studies_render():
 
 def test_a_control_that_samples_more_to_match_scoring_flops_is_inside_and_says_so():
     """Tokens, steps and FLOPs decide the match; sampled tokens outside 10 % are reported beside it."""
-    ratios = {"p": {"trained_tokens": {"values": [1.02]}, "optimizer_steps": {"values": [1.0]},
-                    "sampled_tokens": {"values": [1.5]}, "flops": {"values": [0.99]}}}
+    ratios = {"seeds": [0], "trained_tokens": {"p": {"values": [1.02]}}, "optimizer_steps": {"p": {"values": [1.0]}},
+              "sampled_tokens": {"p": {"values": [1.5]}}, "flops": {"p": {"values": [0.99]}}}
     verdict = et.match_verdict(ratios)
     assert verdict["inside"] is True and verdict["outside"] == ["sampled_tokens"]
     assert et._match_text(verdict) == "yes; sampled 1.50"
-    ratios["p"]["flops"]["values"] = [0.85]
+    ratios["flops"]["p"]["values"] = [0.85]
     verdict = et.match_verdict(ratios)
     assert verdict["inside"] is False and et._match_text(verdict) == "no: FLOPs 0.85; sampled 1.50"

@@ -117,21 +117,31 @@ def tokens_by_policy(run: Mapping[str, Any]) -> dict[str, float]:
     return {p: d["trained_tokens"] for p, d in compute_by_policy(run).items()}
 
 
-def policy_ratios(runs: Sequence[Mapping[str, Any]], arm: str, baseline: str) -> dict[str, Any]:
-    """``arm``'s compute over ``baseline``'s per policy, per seed both ran, for each of
-    :data:`RATIO_KEYS` both counted: ``{key: {policy: {mean, values}}}``, with ``seeds``."""
-    mine = {int(r["seed"]): r for r in runs if r["arm"] == arm}
-    theirs = {int(r["seed"]): r for r in runs if r["arm"] == baseline}
-    seeds = sorted(set(mine) & set(theirs))
+def policy_ratios(runs: Sequence[Mapping[str, Any]], arm: str, baseline: str,
+                  seeds: Iterable[int] | None = None) -> dict[str, Any]:
+    """``arm``'s compute over ``baseline``'s per policy, per seed both ran (of ``seeds`` when given),
+    for each of :data:`RATIO_KEYS` both counted (a quantity counted as 0 by ``baseline`` is left out):
+    ``{key: {policy: {mean, values}}}``, with ``seeds`` (those compared)."""
+    keep = None if seeds is None else {int(s) for s in seeds}
+    mine = {int(r["seed"]): r for r in runs if r["arm"] == arm and (keep is None or int(r["seed"]) in keep)}
+    theirs = {int(r["seed"]): r for r in runs if r["arm"] == baseline and (keep is None or int(r["seed"]) in keep)}
+    both = sorted(set(mine) & set(theirs))
     out: dict[str, dict[str, list[float]]] = {}
-    for s in seeds:
+    for s in both:
         a, b = compute_by_policy(mine[s]), compute_by_policy(theirs[s])
         for p, spent in a.items():
             for k in RATIO_KEYS:
                 if k in spent and b.get(p, {}).get(k):
                     out.setdefault(k, {}).setdefault(p, []).append(spent[k] / b[p][k])
-    return {"seeds": seeds, **{k: {p: {"mean": statistics.fmean(v), "values": v} for p, v in by_p.items()}
-                               for k, by_p in out.items()}}
+    return {"seeds": both, **{k: {p: {"mean": statistics.fmean(v), "values": v} for p, v in by_p.items()}
+                              for k, by_p in out.items()}}
+
+
+def farthest(ratios: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Of :func:`policy_ratios`, each quantity's ratio farthest from 1 per policy (any seed):
+    ``{key: {policy: ratio}}``."""
+    return {k: {p: max(c["values"], key=lambda v: abs(v - 1.0)) for p, c in cells.items()}
+            for k, cells in ratios.items() if k != "seeds"}
 
 
 def inside_match(ratios: Mapping[str, Any], within: float = 0.10) -> bool:

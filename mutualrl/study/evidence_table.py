@@ -11,7 +11,8 @@ sharing arm, the strongest baseline (both from ``peers_share``) and every other 
 
 Compute per policy: each run's steps summed per policy (trained tokens, optimizer steps, sampled
 tokens, and FLOPs as ``flops_sampling + flops_scoring + flops_update`` where the steps carry them),
-then per seed the arm's sum over the best sharing arm's, the mean over seeds reported. An arm is
+then per seed the arm's sum over the best sharing arm's, the mean over seeds reported: the same
+ratios the study JSON's compute match judges (:func:`mutualrl.study.evidence.policy_ratios`). An arm is
 *inside the match* when its ratios of trained tokens, optimizer steps and FLOPs, on every seed and
 every policy, lie within 10 % of 1 (FLOPs included only where both arms counted them; the table
 says when they did not); sampled tokens outside 10 % are stated beside the verdict, not judged (a
@@ -25,12 +26,11 @@ states each reason a target is missed.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mutualrl.study.evidence import MATCH_KEYS, interval
+from mutualrl.study.evidence import MATCH_KEYS, RATIO_KEYS, farthest, interval, policy_ratios
 
 START = "<!-- evidence-table:start -->"
 END = "<!-- evidence-table:end -->"
@@ -38,10 +38,6 @@ END = "<!-- evidence-table:end -->"
 
 TOLERANCE = 0.10
 MIN_SEEDS = 5
-COMPUTE_KEYS = ("trained_tokens", "optimizer_steps", "sampled_tokens", "flops")
-"""The per-policy compute compared (FLOPs only where the runs counted them)."""
-_STEP_KEY = {"trained_tokens": "train_tokens", "optimizer_steps": "optimizer_steps", "sampled_tokens": "gen_tokens"}
-FLOPS_PHASES = ("flops_sampling", "flops_scoring", "flops_update")
 _SHORT = {"trained_tokens": "tokens", "optimizer_steps": "steps", "sampled_tokens": "sampled", "flops": "FLOPs"}
 
 
@@ -66,63 +62,22 @@ def headline_arms(study: Mapping[str, Any]) -> list[str]:
     return [*first, *rest]
 
 
-def policy_compute(run: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """One run's compute per policy, summed over its steps: trained tokens, optimizer steps, sampled
-    tokens and, where any of its steps counted them, FLOPs (sampling + scoring + update)."""
-    out: dict[str, dict[str, float]] = {}
-    counted = any(k in s for s in run.get("steps", []) for k in FLOPS_PHASES)
-    for s in run.get("steps", []):
-        if "policy" not in s:
-            continue
-        acc = out.setdefault(s["policy"], {k: 0.0 for k in _STEP_KEY} | ({"flops": 0.0} if counted else {}))
-        for key, step_key in _STEP_KEY.items():
-            acc[key] += float(s.get(step_key, 0) or 0)
-        if counted:
-            acc["flops"] += sum(float(s.get(k, 0.0) or 0.0) for k in FLOPS_PHASES)
-    return out
-
-
-def policy_ratios(runs: Sequence[Mapping[str, Any]], arm: str, ref: str,
-                  seeds: Sequence[int] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-    """``arm``'s compute over ``ref``'s, per policy and quantity of :data:`COMPUTE_KEYS`: the per-seed
-    ratios over the seeds both ran (of ``seeds`` when given) and their mean. A quantity one of the two
-    did not count (or counted as 0 for ``ref``) is left out."""
-    mine = {int(r["seed"]): r for r in runs if r["arm"] == arm and (seeds is None or r["seed"] in seeds)}
-    theirs = {int(r["seed"]): r for r in runs if r["arm"] == ref and (seeds is None or r["seed"] in seeds)}
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for seed in sorted(set(mine) & set(theirs)):
-        a, b = policy_compute(mine[seed]), policy_compute(theirs[seed])
-        for pol in a:
-            for key in COMPUTE_KEYS:
-                if key in a[pol] and b.get(pol, {}).get(key):
-                    cell = out.setdefault(pol, {}).setdefault(key, {"seeds": [], "values": []})
-                    cell["seeds"].append(seed)
-                    cell["values"].append(a[pol][key] / b[pol][key])
-    for cells in out.values():
-        for cell in cells.values():
-            cell["mean"] = statistics.fmean(cell["values"])
-    return out
-
-
-def match_verdict(ratios: Mapping[str, Mapping[str, Mapping[str, Any]]], tol: float = TOLERANCE) -> dict[str, Any]:
+def match_verdict(ratios: Mapping[str, Any], tol: float = TOLERANCE) -> dict[str, Any]:
     """Whether every per-seed, per-policy ratio of the match's quantities
     (:data:`~mutualrl.study.evidence.MATCH_KEYS`: sampled tokens are reported beside it, since a
     control may spend a ``distill`` arm's scoring FLOPs in own samples, the plan's amendment) in
-    :func:`policy_ratios` lies within ``tol`` of 1: the verdict (None without any ratio), the
-    quantities outside (in :data:`COMPUTE_KEYS` order, sampled tokens included, which do not decide
-    it) with the ratio farthest from 1 of each (any seed, any policy), and whether FLOPs were compared."""
-    if not ratios:
+    :func:`~mutualrl.study.evidence.policy_ratios` lies within ``tol`` of 1: the verdict (None without
+    any ratio), the quantities outside (in :data:`~mutualrl.study.evidence.RATIO_KEYS` order, sampled
+    tokens included, which do not decide it) with the ratio farthest from 1 of each (any seed, any
+    policy), and whether FLOPs were compared (for every policy)."""
+    far = farthest(ratios)
+    if not far:
         return {"inside": None, "outside": [], "flops_compared": False}
-    worst: dict[str, float] = {}
-    for cells in ratios.values():
-        for key, cell in cells.items():
-            far = max(cell["values"], key=lambda v: abs(v - 1.0))
-            if abs(far - 1.0) > tol and abs(far - 1.0) > abs(worst.get(key, 1.0) - 1.0):
-                worst[key] = far
-    outside = [k for k in COMPUTE_KEYS if k in worst]
-    flops = all("flops" in cells for cells in ratios.values())
+    worst = {k: max(by_p.values(), key=lambda v: abs(v - 1.0)) for k, by_p in far.items()}
+    outside = [k for k in RATIO_KEYS if k in worst and abs(worst[k] - 1.0) > tol]
+    policies = {p for by_p in far.values() for p in by_p}
     return {"inside": not any(k in MATCH_KEYS for k in outside), "outside": outside,
-            "worst": {k: worst[k] for k in outside}, "flops_compared": flops}
+            "worst": {k: worst[k] for k in outside}, "flops_compared": policies <= set(far.get("flops", {}))}
 
 
 def target_verdict(share: Mapping[str, Any] | None, target: float | None, baseline_inside: bool | None,
@@ -156,8 +111,8 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
 
 
-def _ratio_text(ratios: Mapping[str, Mapping[str, Mapping[str, Any]]], key: str) -> str:
-    cells = [(pol, c[key]["mean"]) for pol, c in ratios.items() if key in c]
+def _ratio_text(ratios: Mapping[str, Any], key: str) -> str:
+    cells = [(pol, c["mean"]) for pol, c in ratios.get(key, {}).items()]
     return ", ".join(f"{pol} {m:.2f}" for pol, m in cells) if cells else "n/a"
 
 
