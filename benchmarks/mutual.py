@@ -30,9 +30,10 @@ test problems, 64 prompts x 8 samples a step, 300 steps.
   arm's run **of the same seed** (so the match holds per seed and per policy, not on averages).
 
 Writes ``benchmarks/results/NAME.json`` (default ``mutual``), ``NAME_runs/`` (every run's compact
-metrics) and ``NAME_report/``. The headline: the best sharing arm minus the strongest baseline inside
-the compute match (``peers_share_inside_match``), and minus the strongest single-model arm whatever
-its compute (``peers_share``), on test, per seed, with 95 % intervals.
+metrics) and ``NAME_report/``. The headline (``peers_share``, its pair's ``compute_match``): the best
+sharing arm minus the strongest baseline inside the compute match; beside it, minus the strongest
+single-model arm whatever its compute (``peers_share_any_compute``); on test, per seed, with 95 %
+intervals.
 """
 
 from __future__ import annotations
@@ -159,6 +160,24 @@ def task_file_policies(path: str, zoo_seed: int = 0) -> tuple[list[str], dict[st
     return [str(dirs[n]) for n in specs], section
 
 
+def study_task_section(args: argparse.Namespace, seed: int, tune: Sequence[int]) -> dict[str, Any]:
+    """The ``task:`` section of the study's run on ``seed`` (no zoo build needed): the zoo's, or the task
+    file's; a final run reads the fresh test split (``heldout_seed``), a tuning run the one earlier
+    runs read."""
+    from mutualrl.demo import demo_config
+
+    if args.task_file:
+        from mutualrl.zoo.cli import task_specs
+
+        section = {**task_specs(args.task_file)[2], "test_size": TEST_SIZE, "val_size": VAL_SIZE, "seed": 0,
+                   "reward": "exact"}
+    else:
+        section = {**demo_config("independent", seed)["task"], "val_size": VAL_SIZE, "test_size": TEST_SIZE}
+    if seed not in tune:
+        section["heldout_seed"] = args.heldout_seed
+    return section
+
+
 def build_study(args: argparse.Namespace) -> Study:
     from mutualrl.demo import demo_config
 
@@ -171,13 +190,10 @@ def build_study(args: argparse.Namespace) -> Study:
     def base(seed: int) -> dict[str, Any]:
         zs = seed if args.zoo_seed_follows_seed else 0  # each final seed on its own build; tuning on build 0
         cfg = demo_config("independent", seed, steps=args.steps, zoo_seed=zs)
-        cfg["task"] = {**cfg["task"], "val_size": VAL_SIZE, "test_size": TEST_SIZE}
         if args.task_file:
-            dirs, section = task_file_policies(args.task_file, zs)
+            dirs, _ = task_file_policies(args.task_file, zs)
             cfg["policies"] = [{"name": Path(d).name, "model": d} for d in dirs]
-            cfg["task"] = {**section, "test_size": TEST_SIZE, "val_size": VAL_SIZE, "seed": 0, "reward": "exact"}
-        if seed not in tune:  # a final run reads the fresh test split; a tuning run the one earlier runs read
-            cfg["task"]["heldout_seed"] = args.heldout_seed
+        cfg["task"] = study_task_section(args, seed, tune)
         cfg["sharing"] = {"strategy": "independent"}
         cfg["checkpoint_every"] = 50  # a killed study resumes a run instead of redoing it
         cfg["threads"] = 1  # fixed, so a run's numbers do not depend on what else the machine does
@@ -222,20 +238,61 @@ def tune_all(study: Study, tune: list[int]) -> tuple[Arm, Arm, Arm, Arm]:
     return ind, ctrl, best, held
 
 
+def match_on(study: Study, held: Arm, best: Arm, seeds: Sequence[int], what: str) -> bool:
+    """Whether ``held`` is inside the compute match of ``best`` on ``seeds`` (each policy's trained
+    tokens, optimizer steps and FLOPs within 10 % either way on every seed: ``evidence.inside_match``),
+    noted in the study and shown, with the ratios farthest from 1 per policy."""
+    ratios = evidence.policy_ratios(study.records(held, seeds) + study.records(best, seeds), held.name, best.name)
+    worst = {k: {p: round(v, 3) for p, v in by_p.items()} for k, by_p in evidence.farthest(ratios).items()}
+    inside = evidence.inside_match(ratios)
+    line = (f"matched control {held.name} against {best.name} on {what} {list(seeds)}: "
+            f"{'inside' if inside else 'OUTSIDE'} the match (ratios per policy, the farthest from 1: {worst})")
+    study.notes.append(line)
+    study.say(line)
+    return inside
+
+
 def check_inside_match(study: Study, held: Arm, best: Arm, seeds: Sequence[int]) -> None:
     """Stop before any final seed unless the chosen matched control is inside the match (each policy's
     trained tokens, optimizer steps and FLOPs within 10 % of ``best``'s) on the tuning ``seeds``: the
     plan's gate (``benchmarks/README.md``, the amendment). Noted in the study either way."""
-    runs = study.records(held, seeds) + study.records(best, seeds)
-    ratios = evidence.policy_ratios(runs, held.name, best.name)
-    worst = {k: {p: round(v, 3) for p, v in by_p.items()} for k, by_p in evidence.farthest(ratios).items()}
-    inside = evidence.inside_match(ratios)
-    study.notes.append(f"matched control {held.name} against {best.name} on the tuning seeds {list(seeds)}: "
-                       f"{'inside' if inside else 'OUTSIDE'} the match (ratios per policy, the farthest from 1: {worst})")
-    if not inside:
+    if not match_on(study, held, best, seeds, "the tuning seeds"):
         raise SystemExit(f"the chosen matched control {held.name} is not inside the compute match of {best.name} on "
-                         f"the tuning seeds (per policy, the farthest ratios: {worst}); the plan stops here, before "
-                         "any final seed: change how the control gets its compute and amend the plan")
+                         f"the tuning seeds {list(seeds)} (the study's notes give the ratios); the plan stops here, "
+                         "before any final seed: change how the control gets its compute and amend the plan")
+
+
+def check_split(section: Callable[[int], Mapping[str, Any]], tune: Sequence[int], final: Sequence[int],
+                notes: list[str]) -> dict[str, Any]:
+    """The fresh test split, checked before any final seed: the final runs' task (``task.heldout_seed``)
+    against the tuning seed's (the seed-0 splits every earlier run of this study read, whose training
+    lists the zoo builds warm-started on). Stops the study unless no test question of the final runs
+    is in any seed-0 split and every final seed reads the same test split (the pairs are per seed,
+    the problems shared). Validation stays the seed-0 one (choices only, read by every run)."""
+    from mutualrl.config.resolve import resolve_task
+    from mutualrl.tasks.build import build_task
+
+    def task(seed: int) -> Any:
+        return build_task(resolve_task(dict(section(seed)), check_paths=False))
+
+    def questions(t: Any, split: str) -> set[str]:
+        return {p.question for ps in t.split(split).values() for p in ps}
+
+    earlier = task(tune[0])
+    fresh = {s: task(s) for s in final}
+    shared = fresh[final[0]].heldout_check([earlier])
+    same = all(questions(t, "test") == questions(fresh[final[0]], "test") for t in fresh.values())
+    out = {"heldout_seed": section(final[0]).get("heldout_seed"),
+           "test_size": len(questions(fresh[final[0]], "test")),
+           "test_questions_in_seed0_splits": shared[f"test/{earlier.seed}"],
+           "val_questions_in_seed0_splits": shared[f"val/{earlier.seed}"], "one_test_split_for_every_final_seed": same,
+           "checked_against": "the tuning seed's task: its training (the zoo builds' warm-start lists), validation and "
+                              "test splits"}
+    notes.append(f"fresh test split: {out['test_size']} problems, {out['test_questions_in_seed0_splits']} of them "
+                       f"in the seed-0 splits (training, validation, test); the same split on every final seed: {same}")
+    if out["test_questions_in_seed0_splits"] or not same:
+        raise SystemExit(f"the final runs' test split is not fresh ({out}): the plan stops here, before any final seed")
+    return out
 
 
 def matched_samples(study: Study, best: Arm, tune: Sequence[int],
@@ -277,6 +334,7 @@ def final_round(study: Study, arms: tuple[Arm, Arm, Arm, Arm], final: list[int],
         for s in seeds:
             matched.seed_overrides[s] = match(s, study.policy_budget(best, s))
         study.run((matched, s) for s in seeds)
+        match_on(study, matched, best, seeds, "final seeds")  # reported as each chunk lands, never a stop
     study.notes.append(f"{name}: {held.name} (chosen on validation) with each policy's token budget a "
                        f"step (and, where it scored its peers' samples, its samples a prompt) from {best.name}'s "
                        "run of the same final seed: "
@@ -295,11 +353,12 @@ def run(args: argparse.Namespace) -> None:
         study.write({"phase": "tune"}, report=False)
         return
     check_inside_match(study, arms[3], arms[2], tune)
+    split = check_split(lambda s: study_task_section(args, s, tune), tune, final, study.notes)
     headline = final_round(study, arms, final, args.chunk)
     study.arms = {a.name: a for a in headline}
     study.write({"task_file": args.task_file, "zoo_seed": "run seed (tuning seed: build 0)"
                  if args.zoo_seed_follows_seed else 0, "steps": args.steps, "val_size": VAL_SIZE,
-                 "test_size": TEST_SIZE, "tune_seeds": tune, "heldout_seed": args.heldout_seed,
+                 "test_size": TEST_SIZE, "tune_seeds": tune, "heldout_seed": args.heldout_seed, "split_check": split,
                  "plan": "benchmarks/README.md#the-sharing-studies-pre-registered-plan"})
 
 

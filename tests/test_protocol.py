@@ -300,8 +300,9 @@ def test_the_compute_match_is_reported_per_seed_and_per_policy(tmp_path):
 
 def test_the_headline_inside_the_match_takes_the_strongest_baseline_matched_on_every_policy(tmp_path):
     """A baseline stronger on validation but trained on less (tokens, optimizer steps or FLOPs, on one
-    policy is enough) is outside the match: the peers' share inside the match is taken against the
-    strongest baseline within 10 % on every seed and policy, and its compute match says so."""
+    policy is enough) is outside the match: the headline peers' share is taken against the strongest
+    baseline within 10 % on every seed and policy, and its compute match says so; the strongest whatever
+    its compute is reported beside it."""
     import json
 
     from mutualrl.study.aggregate import aggregate
@@ -322,13 +323,19 @@ def test_the_headline_inside_the_match_takes_the_strongest_baseline_matched_on_e
                              for p in "ab"]}
             (runs / f"{arm}-seed{seed}.json").write_text(json.dumps(rec))
     out = aggregate(tmp_path, "s", list(spent))
-    assert out["peers_share"]["strongest_baseline"] == "strong"  # the plain headline: strongest on validation
-    assert out["compute_match"]["every_seed_and_policy_within_10_percent"] is False  # FLOPs 2x / 1.6x
-    assert out["compute_match"]["flops_per_policy"]["a"]["values"] == [2.0, 2.0, 2.0]
-    inside = out["peers_share_inside_match"]
-    assert inside["baselines_inside_match"] == ["matched"] and inside["strongest_baseline"] == "matched"
-    assert abs(inside["mean"] - 10.0) < 1e-9 and inside["compute_match"]["every_seed_and_policy_within_10_percent"]
+    head = out["peers_share"]  # the headline: the strongest baseline inside the match
+    assert head["inside_match"] is True and head["baselines_inside_match"] == ["matched"]
+    assert head["strongest_baseline"] == "matched" and abs(head["mean"] - 10.0) < 1e-9
+    assert out["compute_match"]["every_seed_and_policy_within_10_percent"] is True
+    anyc = out["peers_share_any_compute"]  # beside it: the strongest on validation whatever its compute
+    assert anyc["strongest_baseline"] == "strong"
+    assert anyc["compute_match"]["every_seed_and_policy_within_10_percent"] is False  # FLOPs 2x / 1.6x
+    assert anyc["compute_match"]["flops_per_policy"]["a"]["values"] == [2.0, 2.0, 2.0]
     assert out["arms"]["share"]["per_policy_compute"]["a"]["optimizer_steps"] == 2
+    # no baseline inside: the headline falls back to the strongest whatever its compute, and says so
+    out = aggregate(tmp_path, "s", ["share", "strong", "weak"])
+    assert out["peers_share"]["strongest_baseline"] == "strong" and out["peers_share"]["inside_match"] is False
+    assert out["compute_match"]["every_seed_and_policy_within_10_percent"] is False
 
 
 @pytest.mark.parametrize("types", [["add", "mul"], ["mul", "add"]])
@@ -476,3 +483,56 @@ def test_the_real_pairs_smoke_test_keeps_to_its_own_folders_and_bad_flags_stop_i
                 r["accuracy"][ex].pop(b)
     with pytest.raises(SystemExit, match="no accuracy for"):
         study.choose(table, {}, n=100)
+
+
+def test_the_final_runs_test_split_is_checked_fresh_before_any_final_seed(monkeypatch):
+    """The zoo study's split check: the final seeds' test questions (task.heldout_seed) are in none of
+    the tuning seed's splits and are the same on every final seed; a final section without the fresh
+    split stops the study before any final seed."""
+    _real_small(monkeypatch)  # benchmarks/ on the path
+    import mutual
+
+    def section(seed, heldout=True):
+        out = {"preset": "zoo", "test_size": 60, "val_size": 60, "seed": 0, "reward": "exact"}
+        return {**out, "heldout_seed": 99} if seed != 0 and heldout else out
+
+    notes: list[str] = []
+    out = mutual.check_split(section, [0], [1, 2], notes)
+    assert out["test_questions_in_seed0_splits"] == 0 and out["one_test_split_for_every_final_seed"] is True
+    assert out["heldout_seed"] == 99 and out["test_size"] == 60 and "0 of them" in notes[-1]
+    with pytest.raises(SystemExit, match="not fresh"):
+        mutual.check_split(lambda s: section(s, heldout=False), [0], [1, 2], [])
+    with pytest.raises(SystemExit, match="not fresh"):  # final seeds on different test problems
+        mutual.check_split(lambda s: {**section(s), "heldout_seed": 99 + s}, [0], [1, 2], [])
+
+
+def test_the_gate_stops_before_the_final_seeds_when_the_matched_control_is_outside(tiny_config, tmp_path,
+                                                                                   monkeypatch):
+    """mutual.check_inside_match: a matched control within 10 % either way of the sharing arm on
+    every policy passes (noted); one policy 12 % short in FLOPs stops the study, naming the control."""
+    import json
+
+    _real_small(monkeypatch)  # benchmarks/ on the path
+    import mutual
+
+    from mutualrl.study import Arm, Study
+
+    s = Study("t", lambda seed: dict(tiny_config), tmp_path / "runs", results=tmp_path)
+    (tmp_path / "t_runs").mkdir()
+
+    def record(arm: str, flops_b: float) -> None:
+        steps = [{"policy": p, "train_tokens": 100, "optimizer_steps": 1, "gen_tokens": 10, "flops_sampling": f,
+                  "flops_scoring": 0.0, "flops_update": f} for p, f in (("a", 1e9), ("b", flops_b))]
+        (tmp_path / "t_runs" / f"{arm}-seed0.json").write_text(json.dumps(
+            {"arm": arm, "seed": 0, "policies": ["a", "b"], "steps": steps}))
+
+    best, good, short = (Arm(n, "x", r, {}) for n, r in (("best", "sharing"), ("good", "baseline"),
+                                                          ("short", "baseline")))
+    record("best", 1e9)
+    record("good", 1.09e9)
+    record("short", 0.88e9)
+    mutual.check_inside_match(s, good, best, [0])
+    assert "inside the match" in s.notes[-1]
+    with pytest.raises(SystemExit, match="short is not inside the compute match"):
+        mutual.check_inside_match(s, short, best, [0])
+    assert "OUTSIDE" in s.notes[-1] and "0.88" in s.notes[-1]

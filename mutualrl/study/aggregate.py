@@ -43,7 +43,7 @@ PROTOCOL = {
 """How every figure of a study's JSON was made (written into it)."""
 
 AGGREGATE_KEYS = ("final_seeds", "arms", "peers_share", "pairwise", "compute_match", "efficiency", "matched_sharing",
-                  "arms_on_fewer_seeds", "on_common_seeds", "peers_share_inside_match")
+                  "arms_on_fewer_seeds", "on_common_seeds", "peers_share_any_compute", "peers_share_inside_match")
 """The keys of a study's JSON that :func:`aggregate` computes (the rest describe the run that wrote it)."""
 
 
@@ -153,30 +153,41 @@ def compute_ratios(runs: Sequence[Mapping[str, Any]], table: Mapping[str, Mappin
 
 def _headline(sel: Sequence[Mapping[str, Any]], table: Mapping[str, Mapping[str, Any]], share: Sequence[str],
               base: Sequence[str]) -> dict[str, Any]:
-    """The peers' share, every sharing arm against every baseline, and the compute match of the
-    best sharing arm against the strongest baseline (within 10 % on the means, per seed and policy)."""
-    out: dict[str, Any] = {"peers_share": evidence.peers_share(sel, share, base),
-                           "pairwise": [evidence.paired(sel, s, b) for s in share for b in base]}
-    strong = out["peers_share"]["strongest_baseline"] if out["peers_share"] else None
-    best = out["peers_share"]["best_sharing_arm"] if out["peers_share"] else None
-    if strong and best:
-        out["compute_match"] = match_summary(compute_ratios(sel, table, best, strong))
-        matched = evidence.matched_peers_share(sel, share, base)
-        if matched is not None:
-            if matched.get("strongest_baseline"):
-                matched["compute_match"] = match_summary(compute_ratios(sel, table, best, matched["strongest_baseline"]))
-            out["peers_share_inside_match"] = matched
+    """The peers' share, every sharing arm against every baseline, and the compute match.
+
+    ``peers_share`` is the headline: the best sharing arm (by validation) minus the strongest
+    baseline **inside the compute match** (of the baselines whose trained tokens, optimizer steps and
+    FLOPs are within 10 % of the best sharing arm's on every seed and policy, the best on validation;
+    ``inside_match: true``), or, when no baseline is inside, minus the strongest baseline whatever its
+    compute (``inside_match: false``, a headline the target cannot be met on). ``compute_match`` is
+    that pair's. Beside it, ``peers_share_any_compute``: minus the strongest baseline whatever its
+    compute, with its own ``compute_match``."""
+    out: dict[str, Any] = {"pairwise": [evidence.paired(sel, s, b) for s in share for b in base]}
+    anyc = evidence.peers_share(sel, share, base)
+    if anyc is None:
+        return {"peers_share": None, **out}
+    inside = evidence.matched_peers_share(sel, share, base)
+    if inside is not None and inside.get("strongest_baseline"):
+        head = {**inside, "inside_match": True}
+    else:
+        head = {**anyc, "inside_match": False, "baselines_inside_match": []}
+    best = head["best_sharing_arm"]
+    out["peers_share"] = head
+    out["compute_match"] = match_summary(compute_ratios(sel, table, best, head["strongest_baseline"]))
+    out["peers_share_any_compute"] = {
+        **anyc, "compute_match": match_summary(compute_ratios(sel, table, best, anyc["strongest_baseline"]))}
     return out
 
 
 def match_summary(cm: Mapping[str, Any]) -> dict[str, Any]:
     """:func:`compute_ratios` with its verdicts: ``within_10_percent`` on the means (trained tokens,
     optimizer steps, FLOPs) and ``every_seed_and_policy_within_10_percent`` (each policy's ratios of
-    the three on every seed, and the pair's trained tokens per seed)."""
+    the three on every seed, and the pair's trained tokens per seed), each ratio judged either way
+    round (:func:`~mutualrl.study.evidence.within`)."""
     per_run = [*cm["trained_tokens_per_seed"],
                *(v for k in evidence.MATCH_KEYS for p in cm.get(f"{k}_per_policy", {}).values() for v in p["values"])]
-    return {**cm, "within_10_percent": all(abs(cm[k] - 1) <= 0.10 for k in evidence.MATCH_KEYS if k in cm),
-            "every_seed_and_policy_within_10_percent": bool(per_run) and all(abs(x - 1) <= 0.10 for x in per_run)}
+    return {**cm, "within_10_percent": all(evidence.within(cm[k]) for k in evidence.MATCH_KEYS if k in cm),
+            "every_seed_and_policy_within_10_percent": bool(per_run) and all(evidence.within(x) for x in per_run)}
 
 
 def comparisons(runs: Sequence[Mapping[str, Any]], roles: Mapping[str, str], arms: Sequence[str],
@@ -267,7 +278,8 @@ def table_lines(result: Mapping[str, Any]) -> list[str]:
     lines += [_arm_line(a, t) for a, t in result["arms"].items()]
     lines += [_arm_line(a, t, f"  seeds {t['seeds']} only") for a, t in result.get("arms_on_fewer_seeds", {}).items()]
     common = result.get("on_common_seeds", {})
-    for label, ps in (("", result.get("peers_share")),
+    for label, ps in ((" (inside the match)" if (result.get("peers_share") or {}).get("inside_match") else "",
+                       result.get("peers_share")),
                       (f" on seeds {common.get('seeds')}, every arm", common.get("peers_share"))):
         if ps:
             values = ", ".join(f"{v:+.1f}" for v in ps["values"])
@@ -281,13 +293,15 @@ def table_lines(result: Mapping[str, Any]) -> list[str]:
         lines.append(f"compute: trained tokens x{cm['trained_tokens']:.2f} (per seed {seeds}; per policy {pols}), "
                      f"optimizer steps x{cm['optimizer_steps']:.2f}" + (f", FLOPs per policy {flops}" if flops else "")
                      + f"; every seed and policy within 10 %: {cm.get('every_seed_and_policy_within_10_percent')}")
-    inside = result.get("peers_share_inside_match")
-    if inside and inside.get("strongest_baseline"):
-        values = ", ".join(f"{v:+.1f}" for v in inside["values"])
-        lines.append(_interval(f"peers' share inside the match: {inside['best_sharing_arm']} - "
-                               f"{inside['strongest_baseline']}", inside, f" per seed {values}"))
-    elif inside:
-        lines.append(f"no baseline is inside the match of {inside['best_sharing_arm']} on every seed and policy")
+    headline = result.get("peers_share") or {}
+    if headline.get("inside_match") is False:
+        lines.append(f"no baseline is inside the match of {headline['best_sharing_arm']} on every seed and policy: "
+                     "the peers' share above is against the strongest baseline whatever its compute")
+    anyc = result.get("peers_share_any_compute")
+    if anyc and headline.get("inside_match") and anyc["strongest_baseline"] != headline.get("strongest_baseline"):
+        values = ", ".join(f"{v:+.1f}" for v in anyc["values"])
+        lines.append(_interval(f"peers' share against the strongest baseline whatever its compute: "
+                               f"{anyc['best_sharing_arm']} - {anyc['strongest_baseline']}", anyc, f" per seed {values}"))
     for a, cmp in result.get("matched_sharing", {}).items():
         v = cmp["vs_strongest_baseline"]
         lines.append(_interval(f"compute-matched sharing {a} - {v['baseline']}", v,

@@ -137,18 +137,32 @@ def policy_ratios(runs: Sequence[Mapping[str, Any]], arm: str, baseline: str,
                               for k, by_p in out.items()}}
 
 
+def spread(ratio: float) -> float:
+    """How far a compute ratio is from 1 either way round: ``max(ratio, 1 / ratio)`` (1.25 for both
+    0.8 and 1.25; ``inf`` for a ratio of 0)."""
+    return max(ratio, 1.0 / ratio) if ratio > 0 else math.inf
+
+
 def farthest(ratios: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """Of :func:`policy_ratios`, each quantity's ratio farthest from 1 per policy (any seed):
-    ``{key: {policy: ratio}}``."""
-    return {k: {p: max(c["values"], key=lambda v: abs(v - 1.0)) for p, c in cells.items()}
+    """Of :func:`policy_ratios`, each quantity's ratio farthest from 1 (by :func:`spread`) per policy
+    (any seed): ``{key: {policy: ratio}}``."""
+    return {k: {p: max(c["values"], key=spread) for p, c in cells.items()}
             for k, cells in ratios.items() if k != "seeds"}
 
 
-def inside_match(ratios: Mapping[str, Any], within: float = 0.10) -> bool:
-    """Whether every per-seed, per-policy ratio of :func:`policy_ratios` lies within ``within`` of 1
-    (and there is one to judge: tokens and optimizer steps at least)."""
+def within(ratio: float, tol: float = 0.10) -> bool:
+    """Whether a compute ratio is within ``tol`` of 1 **either way round**: neither run spent more than
+    ``1 + tol`` times the other's (``1/1.1 <= ratio <= 1.1`` at 10 %), so the verdict is the same for
+    ``a / b`` and ``b / a`` (a control's over the sharing arm's, or the reverse)."""
+    return spread(ratio) <= 1.0 + tol + 1e-12
+
+
+def inside_match(ratios: Mapping[str, Any], tol: float = 0.10) -> bool:
+    """Whether every per-seed, per-policy ratio of :func:`policy_ratios` of the match's quantities
+    (:data:`MATCH_KEYS`) is :func:`within` ``tol`` of 1 (and there is one to judge: trained tokens
+    at least)."""
     values = [v for k in MATCH_KEYS for p in ratios.get(k, {}).values() for v in p["values"]]
-    return bool(values) and "trained_tokens" in ratios and all(abs(v - 1) <= within for v in values)
+    return bool(values) and "trained_tokens" in ratios and all(within(v, tol) for v in values)
 
 
 def token_ratios(runs: Sequence[Mapping[str, Any]], arm: str, baseline: str) -> dict[str, Any]:
@@ -204,14 +218,14 @@ def peers_share(runs: Sequence[Mapping[str, Any]], sharing: Iterable[str], basel
 
 
 def matched_peers_share(runs: Sequence[Mapping[str, Any]], sharing: Iterable[str], baselines: Iterable[str],
-                        within: float = 0.10) -> dict[str, Any] | None:
+                        tol: float = 0.10) -> dict[str, Any] | None:
     """The peers' share against the strongest baseline *inside the match*: of the ``baselines`` whose
-    compute lies within ``within`` of the best sharing arm's on every seed and policy (trained tokens,
+    compute lies within ``tol`` of the best sharing arm's on every seed and policy (trained tokens,
     optimizer steps, FLOPs: :func:`inside_match`), the one best on validation; None when none is."""
     best = strongest(runs, sharing)
     if best is None:
         return None
-    inside = [b for b in baselines if inside_match(policy_ratios(runs, best, b), within)]
+    inside = [b for b in baselines if inside_match(policy_ratios(runs, best, b), tol)]
     base = strongest(runs, inside)
     if base is None:
         return {"best_sharing_arm": best, "baselines_inside_match": [], "strongest_baseline": None}

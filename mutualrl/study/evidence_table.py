@@ -5,7 +5,8 @@ arm, whether the arm is inside a 10 % match on every policy, and the target with
 A *study* is a committed study JSON (``benchmarks/results/<name>.json``: ``arms``, ``peers_share``,
 ``final_seeds`` ...) and its *records* the compact runs beside it (``<name>_runs/``, as
 :func:`mutualrl.study.records.load_records` reads them). The headline arms of a study are the best
-sharing arm, the strongest baseline (both from ``peers_share``) and every other arm of role
+sharing arm, the headline's baseline (both from ``peers_share``: the strongest baseline inside the
+compute match, or the strongest whatever its compute where none is) and every other arm of role
 ``baseline``. Figures a study does not hold (FLOPs before the revision that counts them, a missing
 ``peers_share``) read ``n/a``; nothing is guessed.
 
@@ -14,13 +15,14 @@ tokens, and FLOPs as ``flops_sampling + flops_scoring + flops_update`` where the
 then per seed the arm's sum over the best sharing arm's, the mean over seeds reported: the same
 ratios the study JSON's compute match judges (:func:`mutualrl.study.evidence.policy_ratios`). An arm is
 *inside the match* when its ratios of trained tokens, optimizer steps and FLOPs, on every seed and
-every policy, lie within 10 % of 1 (FLOPs included only where both arms counted them; the table
+every policy, lie within 10 % of 1 either way round (neither arm spent more than 1.1x the other's:
+:func:`mutualrl.study.evidence.within`; FLOPs included only where both arms counted them; the table
 says when they did not); sampled tokens outside 10 % are stated beside the verdict, not judged (a
 control may spend a ``distill`` arm's scoring FLOPs in own samples: the plan's amendment).
 
-A target is *met* only when the mean reaches it, its 95 % interval lies above 0, the strongest
+A target is *met* only when the mean reaches it, its 95 % interval lies above 0, the headline's
 baseline is inside the match on every policy and the study has at least 5 final seeds; the table
-states each reason a target is missed.
+states each reason a target is missed, and the seeds 80 % power at the target would need.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mutualrl.study.evidence import MATCH_KEYS, RATIO_KEYS, farthest, interval, policy_ratios
+from mutualrl.study.evidence import MATCH_KEYS, RATIO_KEYS, farthest, interval, policy_ratios, spread, within
+from mutualrl.study.power import DEFAULT_POWER, seeds_for_power
 
 START = "<!-- evidence-table:start -->"
 END = "<!-- evidence-table:end -->"
@@ -66,15 +69,16 @@ def match_verdict(ratios: Mapping[str, Any], tol: float = TOLERANCE) -> dict[str
     """Whether every per-seed, per-policy ratio of the match's quantities
     (:data:`~mutualrl.study.evidence.MATCH_KEYS`: sampled tokens are reported beside it, since a
     control may spend a ``distill`` arm's scoring FLOPs in own samples, the plan's amendment) in
-    :func:`~mutualrl.study.evidence.policy_ratios` lies within ``tol`` of 1: the verdict (None without
+    :func:`~mutualrl.study.evidence.policy_ratios` lies within ``tol`` of 1 either way round
+    (:func:`~mutualrl.study.evidence.within`): the verdict (None without
     any ratio), the quantities outside (in :data:`~mutualrl.study.evidence.RATIO_KEYS` order, sampled
     tokens included, which do not decide it) with the ratio farthest from 1 of each (any seed, any
     policy), and whether FLOPs were compared (for every policy)."""
     far = farthest(ratios)
     if not far:
         return {"inside": None, "outside": [], "flops_compared": False}
-    worst = {k: max(by_p.values(), key=lambda v: abs(v - 1.0)) for k, by_p in far.items()}
-    outside = [k for k in RATIO_KEYS if k in worst and abs(worst[k] - 1.0) > tol]
+    worst = {k: max(by_p.values(), key=spread) for k, by_p in far.items()}
+    outside = [k for k in RATIO_KEYS if k in worst and not within(worst[k], tol)]
     policies = {p for by_p in far.values() for p in by_p}
     return {"inside": not any(k in MATCH_KEYS for k in outside), "outside": outside,
             "worst": {k: worst[k] for k in outside}, "flops_compared": policies <= set(far.get("flops", {}))}
@@ -83,8 +87,10 @@ def match_verdict(ratios: Mapping[str, Any], tol: float = TOLERANCE) -> dict[str
 def target_verdict(share: Mapping[str, Any] | None, target: float | None, baseline_inside: bool | None,
                    n_seeds: int, min_seeds: int = MIN_SEEDS) -> dict[str, Any]:
     """The study's target and whether it was met, with every reason it was not: the mean below the
-    target, the 95 % interval touching 0, the strongest baseline outside the per-policy match (or the
-    match unknown), fewer than ``min_seeds`` final seeds, no peers' share at all."""
+    target, the 95 % interval touching 0, the headline's baseline outside the per-policy match (or the
+    match unknown), fewer than ``min_seeds`` final seeds, no peers' share at all. A miss with a per-seed
+    sd also gives ``power``: the seeds a study would need for 80 % power at the target, that sd taken
+    as the true one (:func:`~mutualrl.study.power.seeds_for_power`)."""
     if target is None:
         return {"target": None, "met": None, "reasons": []}
     if not share or "mean" not in share or not share.get("ci95"):
@@ -103,8 +109,13 @@ def target_verdict(share: Mapping[str, Any] | None, target: float | None, baseli
         reasons.append("baseline not compute-matched per policy")
     if n_seeds < min_seeds:
         reasons.append(f"{n_seeds} final seeds (< {min_seeds})")
-    return {"target": target, "met": not reasons, "reasons": reasons, "lower_bound": lo,
-            "lower_bound_below_target": lo < target}
+    out = {"target": target, "met": not reasons, "reasons": reasons, "lower_bound": lo,
+           "lower_bound_below_target": lo < target}
+    sd = share.get("sd")
+    if reasons and isinstance(sd, int | float) and math.isfinite(sd) and sd > 0:
+        # the seeds a study would need: 80 % power at the target, the observed per-seed sd taken as true
+        out["power"] = {"sd": sd, "seeds_at_target": seeds_for_power(sd, target), "power": DEFAULT_POWER}
+    return out
 
 
 def _pct(x: float | None) -> str:
@@ -163,7 +174,13 @@ def _target_text(t: Mapping[str, Any] | None) -> str:
     if not t or t["target"] is None:
         return ""
     head = f"≥ {t['target']:+g}"
-    return f"{head}: met" if t["met"] else f"{head}: **missed** ({'; '.join(t['reasons'])})"
+    if t["met"]:
+        return f"{head}: met"
+    pw = t.get("power")
+    need = "" if not pw else (f"; {pw['seeds_at_target']} seeds for {pw['power']:.0%} power at the target, sd "
+                              f"{pw['sd']:.1f}" if pw["seeds_at_target"] else f"; over 200 seeds for {pw['power']:.0%} "
+                              f"power at the target, sd {pw['sd']:.1f}")
+    return f"{head}: **missed** ({'; '.join(t['reasons'])}{need})"
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -216,7 +216,8 @@ class Study:
                 running = self._reap(running)
                 if len(running) >= at_once:
                     time.sleep(1)
-            cmd = [sys.executable, "-m", "mutualrl.study.one", str(d)] + (["--resume"] if resume else [])
+            cmd = [sys.executable, "-m", "mutualrl.study.one", str(d), "--parent", str(os.getpid())] + (
+                ["--resume"] if resume else [])
             env = dict(os.environ, OMP_NUM_THREADS=str(threads))
             self.say(f"{arm.name} seed {seed}{' (resumed)' if resume else ''} -> {d}")
             with log_path(d).open("ab") as log:  # the child holds its own descriptor for its whole life
@@ -335,8 +336,10 @@ class Study:
     def write(self, extra: Mapping[str, Any] | None = None, *, report: bool = True,
               table: bool = True) -> dict[str, Any]:
         """Aggregate the records of this study's arms into ``<results>/<name>.json`` and (``report``,
-        when the run directories are here) the report with its figure in ``<results>/<name>_report/``."""
-        records = [r for r in load_records(self.runs_dir) if r["arm"] in self.arms]
+        when the run directories are here) the report with its figure in ``<results>/<name>_report/``:
+        with declared final seeds, of those seeds' runs alone (as the JSON)."""
+        records = [r for r in load_records(self.runs_dir) if r["arm"] in self.arms  # a chosen arm's tuning run is
+                   and (not self.final_seeds or r["seed"] in self.final_seeds)]  # not in the report
         threads = sorted({r["config"].get("threads") or 0 for r in records})
         if len(threads) > 1:
             self.notes.append(f"Runs trained on {' or '.join(map(str, threads))} torch threads (records reused "

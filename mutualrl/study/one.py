@@ -3,7 +3,9 @@
 :meth:`mutualrl.study.harness.Study.run` starts it after writing the run's spec beside ``RUN_DIR``
 (``<run>.spec.json``: arm, seed, config). It records what it started from (revision, load, CPU kind,
 the fingerprint of each policy's starting weights) in ``<run>.provenance.json``, labels the run
-directory with its arm and trains it; torch uses ``OMP_NUM_THREADS`` threads.
+directory with its arm and trains it; torch uses ``OMP_NUM_THREADS`` threads. It ends itself once the
+study that started it is gone (``--parent``: a study killed alone must not leave runs training, which
+a restarted study would resume into the same folders beside them).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 
 from mutualrl.config.modelref import resolve_model_path
 from mutualrl.config.resolve import load_config
+from mutualrl.run.orphan import exit_when_orphaned
 from mutualrl.run.trainer import MutualTrainer
 from mutualrl.study.provenance import cpu_kind, git_rev, weights_fingerprint
 from mutualrl.study.records import provenance_path, spec_path
@@ -45,7 +48,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m mutualrl.study.one", description=__doc__.split("\n")[0])
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--parent", type=int, default=None,
+                    help="the study's pid: this run exits once that process is gone (default: the parent now)")
     args = ap.parse_args(argv)
+    exit_when_orphaned(args.parent if args.parent is not None else os.getppid())
     run_one(args.run_dir, args.resume)
 
 
