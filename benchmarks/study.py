@@ -13,6 +13,7 @@ study run's tuning, notes and machine kept, a note added), e.g. after runs of a 
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 
 from _common import RESULTS
@@ -32,7 +33,12 @@ def _seeds(name: str, seeds: str | None) -> list[int] | None:
     (the longest seed list an arm holds)."""
     if seeds:
         return [int(s) for s in seeds.split(",") if s.strip()]
-    return committed_final_seeds(RESULTS, name)
+    declared = committed_final_seeds(RESULTS, name)
+    if declared is None:
+        print(f"{name}: no committed JSON declares its final seeds; taking the longest seed list an arm holds, "
+              "which may include the tuning seed and every tuning candidate: pass --seeds (and --arms) for the "
+              "final round alone", file=sys.stderr)
+    return declared
 
 
 def main() -> None:
