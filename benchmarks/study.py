@@ -13,8 +13,8 @@ study run's tuning, notes and machine kept, a note added), e.g. after runs of a 
 from __future__ import annotations
 
 import argparse
-import sys
 import json
+import sys
 
 from _common import RESULTS
 
