@@ -358,9 +358,10 @@ reverse, then halving)."""
 WEIGHT_NEXT = {0.25: 0.5, 0.5: 1.0, 1.0: 2.0, 2.0: 4.0, 4.0: 8.0}
 """The supervised weight after each, likewise."""
 WEIGHTS = [0.5, 1.0, 2.0]
-SHORT = 0.9
+SHORT = 1 / 1.1
 """A policy whose matched control trains less than this share of its budget a step is short (the
-match's 10 %): the fallback gives it more own samples."""
+match's 10 %, judged either way round: the sharing arm trains more than 1.1x the control's): the
+fallback gives it more own samples."""
 
 
 def grpo_arm(lr: float) -> Arm:
@@ -582,6 +583,7 @@ def main() -> None:
         study.arms = {a.name: a for a in tuned.arms()}
         study.write({**extra, "phase": "tune"}, report=False)
         return
+    mutual.check_inside_match(study, tuned.held, tuned.best, args.tune)  # the plan's gate, before any final seed
     name = "self_imitate_matched_more_samples" if tuned.fallback else "self_imitate_matched"
     headline = mutual.final_round(study, tuned.arms(), args.final, args.chunk, name=name,
                                   match=tuned.match if tuned.fallback else None)

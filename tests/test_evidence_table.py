@@ -249,3 +249,20 @@ def test_a_missed_target_states_the_seeds_power_asks_for():
     assert f"{seeds_for_power(4.0, 3.0)} seeds for 80% power at the target, sd 4.0" in text
     met = et.target_verdict({"mean": 6.0, "sd": 1.0, "ci95": [5.5, 6.5]}, 5.0, True, 5)
     assert met["met"] is True and "power" not in met
+
+
+def test_a_run_that_spent_nothing_on_a_policy_is_outside_whichever_way_round():
+    """A control that never trained one policy (0 tokens, or no step rows for it) is outside the match
+    both as control / sharing and as sharing / control: no quantity is left out for a zero."""
+    from mutualrl.study.evidence import NOTHING_SPENT, inside_match
+
+    share = run("share", "sharing", 0, 0.7, 0.7, {"p": 100, "q": 100})
+    idle = run("idle", "baseline", 0, 0.6, 0.6, {"p": 100, "q": 0})
+    for a, b in (("share", "idle"), ("idle", "share")):
+        ratios = policy_ratios([share, idle], a, b)
+        assert not inside_match(ratios) and et.match_verdict(ratios)["inside"] is False
+    assert policy_ratios([share, idle], "share", "idle")["trained_tokens"]["q"]["values"] == [NOTHING_SPENT]
+    gone = {**idle, "arm": "gone", "steps": [s for s in idle["steps"] if s["policy"] == "p"]}
+    for a, b in (("share", "gone"), ("gone", "share")):
+        assert not inside_match(policy_ratios([share, gone], a, b))
+    assert policy_ratios([share, share | {"arm": "twin"}], "twin", "share")["trained_tokens"]["q"]["values"] == [1.0]

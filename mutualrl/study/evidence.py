@@ -117,11 +117,28 @@ def tokens_by_policy(run: Mapping[str, Any]) -> dict[str, float]:
     return {p: d["trained_tokens"] for p, d in compute_by_policy(run).items()}
 
 
+NOTHING_SPENT = 1e9
+"""The ratio recorded when one run spent something and the other nothing (finite, so the JSON stays
+valid; far outside any match)."""
+_NOTHING = {"trained_tokens": 0.0, "optimizer_steps": 0.0, "sampled_tokens": 0.0}
+"""What a run that never trained a policy spent on it (FLOPs: not counted, so not compared)."""
+
+
+def ratio(num: float, den: float) -> float:
+    """``num / den`` as a compute ratio: 1 when both are 0, :data:`NOTHING_SPENT` when only ``den`` is
+    (and ``1 / NOTHING_SPENT`` when only ``num`` is, through the division), so a run that spent nothing
+    is outside the match whichever way round it is compared."""
+    if den > 0:
+        return num / den
+    return 1.0 if num <= 0 else NOTHING_SPENT
+
+
 def policy_ratios(runs: Sequence[Mapping[str, Any]], arm: str, baseline: str,
                   seeds: Iterable[int] | None = None) -> dict[str, Any]:
     """``arm``'s compute over ``baseline``'s per policy, per seed both ran (of ``seeds`` when given),
-    for each of :data:`RATIO_KEYS` both counted (a quantity counted as 0 by ``baseline`` is left out):
-    ``{key: {policy: {mean, values}}}``, with ``seeds`` (those compared)."""
+    for each of :data:`RATIO_KEYS` both counted (FLOPs are left out where one run did not count them; a
+    policy one run never trained counts as 0 spent: :func:`ratio`): ``{key: {policy: {mean, values}}}``,
+    with ``seeds`` (those compared)."""
     keep = None if seeds is None else {int(s) for s in seeds}
     mine = {int(r["seed"]): r for r in runs if r["arm"] == arm and (keep is None or int(r["seed"]) in keep)}
     theirs = {int(r["seed"]): r for r in runs if r["arm"] == baseline and (keep is None or int(r["seed"]) in keep)}
@@ -129,10 +146,11 @@ def policy_ratios(runs: Sequence[Mapping[str, Any]], arm: str, baseline: str,
     out: dict[str, dict[str, list[float]]] = {}
     for s in both:
         a, b = compute_by_policy(mine[s]), compute_by_policy(theirs[s])
-        for p, spent in a.items():
+        for p in [*a, *(q for q in b if q not in a)]:
+            num, den = {**_NOTHING, **a.get(p, {})}, {**_NOTHING, **b.get(p, {})}
             for k in RATIO_KEYS:
-                if k in spent and b.get(p, {}).get(k):
-                    out.setdefault(k, {}).setdefault(p, []).append(spent[k] / b[p][k])
+                if k in num and k in den:  # FLOPs only where both runs counted them
+                    out.setdefault(k, {}).setdefault(p, []).append(ratio(num[k], den[k]))
     return {"seeds": both, **{k: {p: {"mean": statistics.fmean(v), "values": v} for p, v in by_p.items()}
                               for k, by_p in out.items()}}
 

@@ -146,7 +146,8 @@ def study_rows(label: str, study: Mapping[str, Any], runs: Sequence[Mapping[str,
         test = t.get("test_final") or {}
         row: dict[str, Any] = {
             "study": label, "arm": arm, "role": t.get("role", "n/a"),
-            "kind": "best sharing" if arm == best else "strongest baseline" if arm == strong else "baseline",
+            "kind": "best sharing" if arm == best else ("strongest baseline inside the match" if share.get(
+                "inside_match") else "strongest baseline") if arm == strong else "baseline",
             "seeds": list(t.get("seeds", [])), "test_acc": test.get("mean"), "test_acc_values": test.get("values", []),
             "peers_share": None, "ratios": ratios.get(arm, {}), "match": verdicts.get(arm), "target": None}
         if arm == best:
@@ -282,7 +283,8 @@ def draw_figure(panels: Sequence[Mapping[str, Any]], path: Path) -> Path:
         for ax in (top, bottom):
             ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Per-seed test accuracy (points) and mean with 95 % t interval (above); per-seed difference to the "
-                 "strongest baseline, paired (below). Red: best sharing arm; orange: strongest baseline", fontsize=9)
+                 "headline's baseline, paired (below).\nRed: best sharing arm; orange: the headline's baseline (the "
+                 "strongest inside the compute match, else the strongest)", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
