@@ -536,3 +536,21 @@ def test_the_gate_stops_before_the_final_seeds_when_the_matched_control_is_outsi
     with pytest.raises(SystemExit, match="short is not inside the compute match"):
         mutual.check_inside_match(s, short, best, [0])
     assert "OUTSIDE" in s.notes[-1] and "0.88" in s.notes[-1]
+
+
+def test_a_study_run_watches_the_study_that_started_it(monkeypatch, tmp_path):
+    """``python -m mutualrl.study.one RUN --parent PID`` watches PID (the harness passes its own), so a
+    study killed alone leaves no run training into folders a restarted study would resume."""
+    import os
+
+    from mutualrl.study import harness, one
+
+    watched, ran = [], []
+    monkeypatch.setattr(one, "exit_when_orphaned", lambda pid: watched.append(pid))
+    monkeypatch.setattr(one, "run_one", lambda d, resume: ran.append((d, resume)))
+    one.main([str(tmp_path / "r"), "--parent", "4242", "--resume"])
+    one.main([str(tmp_path / "r")])
+    assert watched == [4242, os.getppid()] and ran == [(tmp_path / "r", True), (tmp_path / "r", False)]
+    import inspect
+
+    assert '"--parent", str(os.getpid())' in inspect.getsource(harness.Study.run)
