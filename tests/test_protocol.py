@@ -493,7 +493,7 @@ def test_the_final_runs_test_split_is_checked_fresh_before_any_final_seed(monkey
     import mutual
 
     def section(seed, heldout=True):
-        out = {"preset": "zoo", "test_size": 60, "val_size": 60, "seed": 0, "reward": "exact"}
+        out = {"preset": "zoo", "test_size": 60, "val_size": 60, "train_size": 300, "seed": 0, "reward": "exact"}
         return {**out, "heldout_seed": 99} if seed != 0 and heldout else out
 
     notes: list[str] = []
@@ -506,8 +506,7 @@ def test_the_final_runs_test_split_is_checked_fresh_before_any_final_seed(monkey
         mutual.check_split(lambda s: {**section(s), "heldout_seed": 99 + s}, [0], [1, 2], [])
 
 
-def test_the_gate_stops_before_the_final_seeds_when_the_matched_control_is_outside(tiny_config, tmp_path,
-                                                                                   monkeypatch):
+def test_the_gate_stops_before_the_final_seeds_when_the_matched_control_is_outside(tmp_path, monkeypatch):
     """mutual.check_inside_match: a matched control within 10 % either way of the sharing arm on
     every policy passes (noted); one policy 12 % short in FLOPs stops the study, naming the control."""
     import json
@@ -517,7 +516,7 @@ def test_the_gate_stops_before_the_final_seeds_when_the_matched_control_is_outsi
 
     from mutualrl.study import Arm, Study
 
-    s = Study("t", lambda seed: dict(tiny_config), tmp_path / "runs", results=tmp_path)
+    s = Study("t", lambda seed: {}, tmp_path / "runs", results=tmp_path)  # reads records only: no config
     (tmp_path / "t_runs").mkdir()
 
     def record(arm: str, flops_b: float) -> None:
