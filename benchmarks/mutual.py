@@ -82,10 +82,16 @@ def self_imitate_arm(grpo: dict[str, Any], lr: float) -> Arm:
 def matched_arm(grpo: dict[str, Any], lr: float, replay: int) -> Arm:
     """The compute-matched control: ``self_imitate`` with up to 512 own earlier successes (of the
     last ``replay`` steps) a step, each policy's step held to its own token budget (set per seed by
-    :meth:`~mutualrl.study.Study.matched_overrides`)."""
-    block = {"weight": 1.0, "learning_rate": lr, "extra_rows": 512, "replay_steps": replay}
-    return Arm(f"matched_lr{lr_name(lr)}_replay{replay}", "matched", "baseline",
+    :meth:`~mutualrl.study.Study.matched_overrides`), as a floor and a ceiling (``match_ceiling``,
+    the plan's amendment 3: whole GRPO groups left out where they alone pass it)."""
+    block = {"weight": 1.0, "learning_rate": lr, "extra_rows": 512, "replay_steps": replay, "match_ceiling": True}
+    return Arm(f"matched_lr{lr_name(lr)}_replay{replay}_ceiling", "matched", "baseline",
                {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": block}})
+
+
+FINAL_MATCHED = "self_imitate_matched_ceiling"
+"""The final round's matched control (amendment 3; ``self_imitate_matched``, without the ceiling, is
+retired: on final seeds 1 and 2 it trained up to 1.38x the sharing arm's tokens)."""
 
 
 def imitate_arm(grpo: dict[str, Any], variant: str, lr: float) -> Arm:
@@ -226,15 +232,15 @@ def tune_all(study: Study, tune: list[int]) -> tuple[Arm, Arm, Arm, Arm]:
             return arm
         return make
 
-    held = tune_grid(study, "matched", {"replay4": (matched(4), [1e-4, 3e-4, 5e-4]),
-                                        "replay16": (matched(16), [1e-4, 3e-4, 5e-4])}, tune)
-    if tag:
-        retired = {r["arm"]: r for r in study.records_matching("matched_lr", tune) if not r["arm"].endswith(tag)}
-        if retired:
-            study.notes.append("matched control candidates retired by the amendment (8 samples a prompt, outside the "
-                               "FLOPs match; committed as they ran), validation: " + ", ".join(
-                                   f"{a} {100 * (evidence.final_accuracy(r, 'val') or 0):.1f}"
-                                   for a, r in sorted(retired.items())))
+    grid = {"replay4": (matched(4), [1e-4, 3e-4, 5e-4]), "replay16": (matched(16), [1e-4, 3e-4, 5e-4])}
+    held = tune_grid(study, "matched", grid, tune)
+    current = {grid[v][0](lr).name for v, rates in study.tuning["matched"]["rates"].items() for lr in rates}
+    retired = {r["arm"]: r for r in study.records_matching("matched_lr", tune) if r["arm"] not in current}
+    if retired:
+        study.notes.append("matched control candidates retired by the amendments (amendment 1: 8 samples a prompt, "
+                           "outside the FLOPs match; amendment 3: no ceiling on the budget; committed as they ran), "
+                           "validation: " + ", ".join(f"{a} {100 * (evidence.final_accuracy(r, 'val') or 0):.1f}"
+                                                     for a, r in sorted(retired.items())))
     return ind, ctrl, best, held
 
 
@@ -318,7 +324,7 @@ def control_samples(study: Study, best: Arm, seed: int) -> dict[str, int]:
 
 
 def final_round(study: Study, arms: tuple[Arm, Arm, Arm, Arm], final: list[int], chunk: int,
-                name: str = "self_imitate_matched",
+                name: str = FINAL_MATCHED,
                 match: Callable[[int, Mapping[str, int]], dict[str, Any]] | None = None) -> list[Arm]:
     """The chosen arms on the final seeds, ``chunk`` seeds at a time (so an interrupted study keeps
     whole seeds): GRPO, ``self_imitate`` and the best sharing arm first, then the matched control

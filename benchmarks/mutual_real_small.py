@@ -375,8 +375,9 @@ def self_imitate_arm(grpo: dict[str, Any], w: float) -> Arm:
 
 def matched_arm(grpo: dict[str, Any], w: float, replay: int) -> Arm:
     """The compute-matched control: ``self_imitate`` with up to 64 own earlier successes (of the last
-    ``replay`` steps) a step, each policy held to its own token budget (its seed overrides)."""
-    block = {"weight": w, "extra_rows": 64, "replay_steps": replay}
+    ``replay`` steps) a step, each policy held to its own token budget (its seed overrides), as a
+    floor and a ceiling (``match_ceiling``: the plan's amendment 3)."""
+    block = {"weight": w, "extra_rows": 64, "replay_steps": replay, "match_ceiling": True}
     return Arm(f"matched_w{w:g}_replay{replay}", "matched", "baseline",
                {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": block}})
 

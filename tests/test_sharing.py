@@ -549,3 +549,36 @@ def test_imitate_mixes_peer_successes_where_failed_and_own_where_solved(task):
     control = _build("self_imitate", _ctx(task, groups, records))
     assert [r.kind for r in control.rows].count("self_imitate") == 1 and control.metrics.get("peer_rows", 0) == 0
     assert "cannot be combined" in check_strategy_name("imitate+sgt")
+
+
+def test_self_imitate_with_a_ceiling_trains_at_most_its_budget_leaving_out_whole_groups(task):
+    """``match_ceiling``: a control whose GRPO rows already pass its budget leaves out whole groups of
+    them (in an order fixed by the prompts' ids: the same on every call) until it is within the
+    budget; groups that do not train are passed over; without the flag, or under budget, nothing is
+    left out. The own-success rows stay."""
+    import hashlib
+
+    from mutualrl.algorithms.sharing import trained_tokens
+    from mutualrl.errors import ConfigError
+
+    probs = task.problems("train", 6)
+    groups = [_group(p, [1, 0, 0, 1], prompt_len=3 + k, comp_len=3) for k, p in enumerate(probs[:5])]
+    groups.append(_group(probs[5], [0, 0, 0, 0], comp_len=3))
+    opts = GRPOOptions(dynamic_sampling="skip")
+    free = _build("self_imitate", _ctx(task, groups, options=opts, blocks={"self_imitate": {"match_tokens": 30}}))
+    full = trained_tokens(free, opts)
+    assert full == 5 * 4 * 3 + 5 * 3  # five informative groups of four 3-token rows, one own success each
+    blocks = {"self_imitate": {"match_tokens": 30, "match_ceiling": True}}
+    capped = _build("self_imitate", _ctx(task, groups, options=opts, blocks=blocks))
+    assert trained_tokens(capped, opts) <= 30 and capped.metrics["self_imitate_groups_left_out"] == 4
+    assert [r.kind for r in capped.rows].count("self_imitate") == 5  # the own-success rows stay
+    kept = {len(r.prompt_ids) for r in capped.rows if r.kind == "own"}
+    last = max(range(5), key=lambda k: hashlib.sha256(probs[k].id.encode()).hexdigest())
+    assert kept == {3 + last}  # the group last in the prompts' hash order is the one kept
+    again = _build("self_imitate", _ctx(task, groups, options=opts, blocks=blocks))
+    assert [r.prompt_ids for r in again.rows] == [r.prompt_ids for r in capped.rows]
+    roomy = {"self_imitate": {"match_tokens": 1000, "match_ceiling": True}}
+    assert _build("self_imitate", _ctx(task, groups, options=opts, blocks=roomy)).metrics[
+        "self_imitate_groups_left_out"] == 0
+    with pytest.raises(ConfigError, match="match_ceiling"):
+        _build("self_imitate", _ctx(task, groups, options=opts, blocks={"self_imitate": {"match_ceiling": True}}))

@@ -23,6 +23,7 @@ does: the compute-matched single-model control (same optimizer steps, same token
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from dataclasses import dataclass
 
@@ -33,9 +34,11 @@ from mutualrl.algorithms.sharing import (
     ShareContext,
     TrainBatch,
     TrainRow,
+    own_rows_by_prompt,
     own_success_row,
     register_strategy,
     trained_tokens,
+    trains,
     verified_successes,
 )
 from mutualrl.config.schema import bounded
@@ -90,11 +93,19 @@ class SelfImitateSettings:
     """With ``extra_rows``: add them only until the step trains this many tokens (its GRPO rows and
     likelihood rows together): the compute-matched control of a sharing arm that trains that many
     tokens a step (0: every extra row)."""
+    match_ceiling: bool = False
+    """With ``match_tokens``: the budget is a ceiling too. A step whose GRPO rows and own-success rows
+    already train more leaves out whole groups of its GRPO rows (in an order fixed by the prompts'
+    ids) until it is within the budget, so the control trains the budget on every step, never more
+    (a control that samples more to spend a sharing arm's scoring FLOPs has more informative groups)."""
     replay_steps: int = bounded(0, ge=0)
     """How many earlier steps ``extra_rows`` may come from."""
 
     def __post_init__(self) -> None:
         _needs_replay(self.extra_rows, self.replay_steps, "sharing.self_imitate.extra_rows")
+        if self.match_ceiling is True and isinstance(self.match_tokens, int) and self.match_tokens < 1:
+            raise ConfigError("sharing.self_imitate.match_ceiling", "a ceiling needs a budget: set "
+                              "sharing.self_imitate.match_tokens (tokens a step), or match_ceiling: false")
 
 
 def _needs_replay(rows: int, replay_steps: int, field: str) -> None:
@@ -167,10 +178,38 @@ def self_imitate(ctx: ShareContext, batch: TrainBatch, s: SelfImitateSettings) -
     without sharing); with ``extra_rows``, own successes of earlier steps besides."""
     rows = [row for g in ctx.groups if (row := own_success_row(g, s.weight, SELF_IMITATE)) is not None]
     batch.rows.extend(rows)
+    if s.match_ceiling and s.match_tokens:
+        batch.metrics["self_imitate_groups_left_out"] = _within_budget(ctx, batch, s.match_tokens)
     extra = _own_replay(ctx, batch, ctx.gathered.get("self_imitate") or Replay(), s.weight, SELF_IMITATE,
                         s.extra_rows, s.match_tokens)
     batch.metrics["imitate_own"] = len(rows)
     batch.metrics["self_imitate_extra"] = extra
+
+
+def _within_budget(ctx: ShareContext, batch: TrainBatch, match_tokens: int) -> int:
+    """Leave out whole groups of the base step's GRPO rows, in an order fixed by the prompts' ids (a
+    hash, so no random stream is drawn), until the step trains at most ``match_tokens`` tokens (this
+    rank's share); how many groups were left out. Groups whose rows do not train (no reward variance
+    under dynamic sampling) are passed over."""
+    budget = ctx.rank_share(match_tokens)
+    tokens = trained_tokens(batch, ctx.options)
+    if tokens <= budget:
+        return 0
+    groups = own_rows_by_prompt(batch, ctx.groups)
+    order = sorted(range(len(groups)), key=lambda i: hashlib.sha256(ctx.groups[i].problem.id.encode()).hexdigest())
+    out: set[int] = set()
+    left_out = 0
+    for i in order:
+        if tokens <= budget:
+            break
+        live = [r for r in groups[i] if trains(r, batch, ctx.options)]
+        if not live:
+            continue
+        out |= {id(r) for r in groups[i]}
+        tokens -= sum(len(r.completion_ids) for r in live)
+        left_out += 1
+    batch.rows = [r for r in batch.rows if id(r) not in out]
+    return left_out
 
 
 def _own_replay(ctx: ShareContext, batch: TrainBatch, replay: Replay, weight: float, kind: str, most: int,
