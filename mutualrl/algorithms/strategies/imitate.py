@@ -94,7 +94,8 @@ class SelfImitateSettings:
     likelihood rows together): the compute-matched control of a sharing arm that trains that many
     tokens a step (0: every extra row)."""
     match_ceiling: bool = False
-    """With ``match_tokens``: the budget is a ceiling too. A step whose GRPO rows and own-success rows
+    """With ``match_tokens`` (run-wide or, as a study sets it, per policy; without one it does nothing):
+    the budget is a ceiling too. A step whose GRPO rows and own-success rows
     already train more leaves out whole groups of its GRPO rows (in an order fixed by the prompts'
     ids) until it is within the budget, so the control trains the budget on every step, never more
     (a control that samples more to spend a sharing arm's scoring FLOPs has more informative groups)."""
@@ -103,9 +104,6 @@ class SelfImitateSettings:
 
     def __post_init__(self) -> None:
         _needs_replay(self.extra_rows, self.replay_steps, "sharing.self_imitate.extra_rows")
-        if self.match_ceiling is True and isinstance(self.match_tokens, int) and self.match_tokens < 1:
-            raise ConfigError("sharing.self_imitate.match_ceiling", "a ceiling needs a budget: set "
-                              "sharing.self_imitate.match_tokens (tokens a step), or match_ceiling: false")
 
 
 def _needs_replay(rows: int, replay_steps: int, field: str) -> None:
