@@ -350,6 +350,26 @@ def final_round(study: Study, arms: tuple[Arm, Arm, Arm, Arm], final: list[int],
     return [ind, ctrl, best, matched]
 
 
+RETIRED_FINAL = "self_imitate_matched"
+"""The final matched arm amendment 3 retired (no ceiling: over the sharing arm's tokens on seeds 1-2)."""
+
+
+def retired_final_note(study: Study, best: Arm, final: Sequence[int]) -> None:
+    """A sensitivity note, written once every final seed has run: the retired matched control's runs
+    (:data:`RETIRED_FINAL`, seeds 1 and 2 of the zoo), each seed's test accuracy and its trained tokens
+    over ``best``'s per policy, beside the headline (it is not a headline arm)."""
+    old = Arm(RETIRED_FINAL, "matched", "baseline", {})
+    runs = study.records(old, final)
+    if not runs:
+        return
+    ratios = evidence.policy_ratios(runs + study.records(best, final), old.name, best.name)
+    tokens = {p: [round(v, 2) for v in c["values"]] for p, c in ratios.get("trained_tokens", {}).items()}
+    study.notes.append(f"retired by amendment 3 (no ceiling), reported for sensitivity, not a headline arm: "
+                       f"{old.name} on seeds {[r['seed'] for r in runs]}, test accuracy "
+                       f"{[round(100 * (evidence.final_accuracy(r, 'test') or 0), 1) for r in runs]}, trained tokens "
+                       f"over {best.name}'s per policy {tokens}")
+
+
 def run(args: argparse.Namespace) -> None:
     study = build_study(args)
     tune, final = [int(s) for s in args.tune_seeds.split(",")], [int(s) for s in args.final_seeds.split(",")]
@@ -361,6 +381,7 @@ def run(args: argparse.Namespace) -> None:
     check_inside_match(study, arms[3], arms[2], tune)
     split = check_split(lambda s: study_task_section(args, s, tune), tune, final, study.notes)
     headline = final_round(study, arms, final, args.chunk)
+    retired_final_note(study, arms[2], final)
     study.arms = {a.name: a for a in headline}
     study.write({"task_file": args.task_file, "zoo_seed": "run seed (tuning seed: build 0)"
                  if args.zoo_seed_follows_seed else 0, "steps": args.steps, "val_size": VAL_SIZE,

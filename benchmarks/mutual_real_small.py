@@ -42,7 +42,7 @@ SentencePiece), from PyPI wheels, offline, under the pre-registered plan of ``be
    twice ``--generations`` completions a prompt (8 instead of 4: ``policies[i].grpo.num_generations``):
    more own groups with a success, so more own rows to train and to replay, paid for in own
    samples. It competes with the six on validation (the family is tuned again with it) and, chosen,
-   runs on the final seeds as ``self_imitate_matched_more_samples``. Whether it lands inside the
+   runs on the final seeds as ``self_imitate_matched_ceiling_more_samples``. Whether it lands inside the
    match (trained tokens, optimizer steps and FLOPs within 10 % per policy and seed) is what the
    JSON's ``compute_match`` reports: nothing forces it there. With no short policy there is no
    fallback and the single-model side has 9 candidates (the notes say so).
@@ -378,7 +378,7 @@ def matched_arm(grpo: dict[str, Any], w: float, replay: int) -> Arm:
     ``replay`` steps) a step, each policy held to its own token budget (its seed overrides), as a
     floor and a ceiling (``match_ceiling``: the plan's amendment 3)."""
     block = {"weight": w, "extra_rows": 64, "replay_steps": replay, "match_ceiling": True}
-    return Arm(f"matched_w{w:g}_replay{replay}", "matched", "baseline",
+    return Arm(f"matched_w{w:g}_replay{replay}_ceiling", "matched", "baseline",
                {"grpo": grpo, "sharing": {"strategy": "self_imitate", "self_imitate": block}})
 
 
@@ -585,7 +585,7 @@ def main() -> None:
         study.write({**extra, "phase": "tune"}, report=False)
         return
     mutual.check_inside_match(study, tuned.held, tuned.best, args.tune)  # the plan's gate, before any final seed
-    name = "self_imitate_matched_more_samples" if tuned.fallback else "self_imitate_matched"
+    name = f"{mutual.FINAL_MATCHED}_more_samples" if tuned.fallback else mutual.FINAL_MATCHED
     headline = mutual.final_round(study, tuned.arms(), args.final, args.chunk, name=name,
                                   match=tuned.match if tuned.fallback else None)
     study.arms = {a.name: a for a in headline}

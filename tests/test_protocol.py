@@ -553,3 +553,26 @@ def test_a_study_run_watches_the_study_that_started_it(monkeypatch, tmp_path):
     import inspect
 
     assert '"--parent", str(os.getpid())' in inspect.getsource(harness.Study.run)
+
+
+def test_the_retired_matched_control_is_noted_beside_the_headline_not_in_it(tmp_path, monkeypatch):
+    """mutual.retired_final_note: the uncapped control amendment 3 retired is reported in the notes
+    (its seeds, test accuracy, trained tokens over the sharing arm's per policy); nothing without it."""
+    import json
+
+    _real_small(monkeypatch)  # benchmarks/ on the path
+    import mutual
+
+    from mutualrl.study import Arm, Study
+
+    s = Study("t", lambda seed: {}, tmp_path / "runs", results=tmp_path)
+    (tmp_path / "t_runs").mkdir()
+    best = Arm("best", "sharing", "sharing", {})
+    mutual.retired_final_note(s, best, [1])
+    assert s.notes == []
+    for arm, tokens, acc in (("best", 100, 0.7), (mutual.RETIRED_FINAL, 138, 0.6)):
+        (tmp_path / "t_runs" / f"{arm}-seed1.json").write_text(json.dumps(
+            {"arm": arm, "seed": 1, "policies": ["a"], "evals": [{"policy": "a", "step": 3, "test_acc": acc}],
+             "steps": [{"policy": "a", "train_tokens": tokens, "optimizer_steps": 1, "gen_tokens": 5}]}))
+    mutual.retired_final_note(s, best, [1])
+    assert "self_imitate_matched on seeds [1], test accuracy [60.0]" in s.notes[-1] and "{'a': [1.38]}" in s.notes[-1]

@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from mutualrl.algorithms.context import StepSource
-from mutualrl.algorithms.registry import RowKind
+from mutualrl.algorithms.registry import OWN_GROUPS, RowKind
 from mutualrl.algorithms.replay import Replay, gather_replay
 from mutualrl.algorithms.sharing import (
     ShareContext,
@@ -97,8 +97,9 @@ class SelfImitateSettings:
     """With ``match_tokens`` (run-wide or, as a study sets it, per policy; without one it does nothing):
     the budget is a ceiling too. A step whose GRPO rows and own-success rows
     already train more leaves out whole groups of its GRPO rows (in an order fixed by the prompts'
-    ids) until it is within the budget, so the control trains the budget on every step, never more
-    (a control that samples more to spend a sharing arm's scoring FLOPs has more informative groups)."""
+    ids: the same prompts go first whenever they recur) until it is within the budget; the own-success
+    rows are kept, and replay may pass the budget by less than one row. A control that samples more
+    to spend a sharing arm's scoring FLOPs has more informative groups, and would otherwise train more."""
     replay_steps: int = bounded(0, ge=0)
     """How many earlier steps ``extra_rows`` may come from."""
 
@@ -170,7 +171,10 @@ def imitate(ctx: ShareContext, batch: TrainBatch, s: ImitateSettings) -> None:
 
 @register_strategy("self_imitate", settings=SelfImitateSettings,
                    rows={SELF_IMITATE: RowKind("likelihood", learning_rate=lambda s: s.learning_rate)},
-                   conflicts=("sgt", "imitate"), gather=_gather_self_imitate)
+                   conflicts=("sgt", "imitate"), gather=_gather_self_imitate,
+                   # match_ceiling leaves out whole groups of the base rows: it runs after every step that
+                   # reads them group by group, and reads them so itself
+                   needs=(OWN_GROUPS,), breaks=(OWN_GROUPS,))
 def self_imitate(ctx: ShareContext, batch: TrainBatch, s: SelfImitateSettings) -> None:
     """The control of ``imitate``: its own-success rows alone, no peer row (what self-imitation gives
     without sharing); with ``extra_rows``, own successes of earlier steps besides."""
