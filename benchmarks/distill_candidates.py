@@ -31,13 +31,8 @@ FAMILIES = (("independent", "tuned GRPO"), ("self_imitate", "self_imitate"), ("m
 
 
 def final_eval(run: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """Per policy, its last evaluation's validation accuracy in all (``val``) and per task type."""
-    last: dict[str, Mapping[str, Any]] = {}
-    for row in run["evals"]:
-        if "val_acc" in row and row["step"] >= last.get(row["policy"], {"step": -1})["step"]:
-            last[row["policy"]] = row
-    return {p: {("val" if k == "val_acc" else k.split("/", 1)[1]): float(v) for k, v in row.items()
-                if k == "val_acc" or k.startswith("val_acc/")} for p, row in last.items()}
+    """Per policy, its last evaluation's validation accuracy in all (``all``) and per task type."""
+    return evidence.final_per_policy(run, "val")
 
 
 def summarise(run: Mapping[str, Any], kind: str) -> dict[str, Any]:
@@ -45,7 +40,7 @@ def summarise(run: Mapping[str, Any], kind: str) -> dict[str, Any]:
     val = final_eval(run)
     spent = evidence.compute_by_policy(run)
     return {"arm": run["arm"], "kind": kind, "strategy": run.get("strategy"), "seed": run["seed"],
-            "git_rev": run.get("git_rev"), "val": statistics.fmean(v["val"] for v in val.values()),
+            "git_rev": run.get("git_rev"), "val": statistics.fmean(v["all"] for v in val.values()),
             "per_policy": {p: {"val": v, "trained_tokens": spent.get(p, {}).get("trained_tokens"),
                                "flops": {ph: spent[p][f"flops_{ph}"] for ph in ("sampling", "scoring", "update")
                                          if f"flops_{ph}" in spent.get(p, {})}}
@@ -57,7 +52,7 @@ def candidates(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     best ``imitate`` with replay, then every ``distill`` candidate."""
     def best(rs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
         scored = [r for r in rs if final_eval(r)]
-        return max(scored, key=lambda r: summarise(r, "")["val"]) if scored else None
+        return max(scored, key=lambda r: statistics.fmean(v["all"] for v in final_eval(r).values())) if scored else None
 
     rows = []
     for prefix, kind in FAMILIES:
@@ -79,7 +74,7 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """The rows as a markdown table: validation, per policy its types, trained tokens a run and FLOPs
     of scoring / in all."""
     policies = list(rows[0]["per_policy"]) if rows else []
-    head = ["arm", "validation"] + [f"{p}: " + " / ".join(t for t in rows[0]["per_policy"][p]["val"] if t != "val")
+    head = ["arm", "validation"] + [f"{p}: " + " / ".join(t for t in rows[0]["per_policy"][p]["val"] if t != "all")
                                     for p in policies]
     head += [f"{p}: trained tokens, FLOPs scoring / all" for p in policies]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -87,7 +82,7 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         cells = [f"`{r['arm']}` ({r['kind']})", f"{100 * r['val']:.1f} %"]
         for p in policies:
             v = r["per_policy"].get(p, {}).get("val", {})
-            cells.append(" / ".join(f"{100 * x:.1f}" for t, x in v.items() if t != "val"))
+            cells.append(" / ".join(f"{100 * x:.1f}" for t, x in v.items() if t != "all"))
         for p in policies:
             pp = r["per_policy"].get(p, {})
             f = pp.get("flops", {})

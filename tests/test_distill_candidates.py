@@ -15,7 +15,8 @@ def record(arm: str, strategy: str, val: dict[str, dict[str, float]], scoring: f
               "flops_sampling": 1.0, "flops_scoring": scoring, "flops_update": 2.0} for p in val]
     evals = [{"policy": p, "step": s, "val_acc": v["val"] * (s / 300),
               **{f"val_acc/{t}": x for t, x in v.items() if t != "val"}} for p, v in val.items() for s in (0, 300)]
-    return {"arm": arm, "strategy": strategy, "seed": 0, "git_rev": "r", "evals": evals, "steps": steps}
+    return {"arm": arm, "strategy": strategy, "seed": 0, "git_rev": "r", "policies": list(val), "evals": evals,
+            "steps": steps}
 
 
 def acc(x: float) -> dict[str, dict[str, float]]:
