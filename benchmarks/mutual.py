@@ -207,7 +207,7 @@ def build_study(args: argparse.Namespace) -> Study:
 
     reuse_from = [s for s in args.reuse_from.split(",") if s]
     return Study(args.name, base, Path(args.out), results=RESULTS, jobs=args.jobs, reuse=True,
-                 reuse_from=reuse_from, reuse_from_seeds=tune, final_seeds=final)
+                 reuse_from=reuse_from, reuse_from_seeds=tune, final_seeds=final, target=args.target)
 
 
 def tune_all(study: Study, tune: list[int]) -> tuple[Arm, Arm, Arm, Arm]:
@@ -398,6 +398,8 @@ def parser(name: str = "mutual", out: str = "runs/study_mutual",
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--tune-seeds", default="0")
     ap.add_argument("--final-seeds", default="1,2,3,4,5,6,7,8", help="the plan's final seeds (zoo: 1-8)")
+    ap.add_argument("--target", type=float, default=5.0,
+                    help="the plan's target for the peers' share in points (zoo 5, task mix 3): the JSON's verdict")
     ap.add_argument("--chunk", type=int, default=2, help="final seeds run together (the study keeps whole seeds)")
     ap.add_argument("--heldout-seed", type=int, default=HELDOUT_SEED,
                     help="task.heldout_seed of the final runs: their fresh test split")

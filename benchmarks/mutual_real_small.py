@@ -508,6 +508,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--final-seeds", default=",".join(str(s) for s in range(1, 15)),
                     help="the plan's final seeds (real pair: 1-14); never a tuning seed")
     ap.add_argument("--chunk", type=int, default=2, help="final seeds run together (the study keeps whole seeds)")
+    ap.add_argument("--target", type=float, default=5.0,
+                    help="the plan's target for the peers' share in points: the JSON's verdict")
     ap.add_argument("--phase", choices=("tune", "all"), default="all",
                     help="tune: the tuning rounds only; all: then the final seeds")
     ap.add_argument("--name", default="mutual_real_small")
@@ -569,7 +571,7 @@ def main() -> None:
     zs, choice = task_choice(args)
     split_check = checked_task(choice, args)
     study = Study(args.name, lambda seed: base_config(choice, args, seed), Path(args.out), results=args.results,
-                  jobs=args.jobs, reuse=True, parallel=args.parallel, final_seeds=args.final)
+                  jobs=args.jobs, reuse=True, parallel=args.parallel, final_seeds=args.final, target=args.target)
     study.notes.append(f"Task mix chosen by the zero-shot study on validation problems: {', '.join(choice['tasks'])}; "
                        f"{args.prompts} prompts x {args.generations} samples a step, {args.steps} steps; validation "
                        f"and test from one fresh pool per type (task.heldout_seed {HELDOUT_SEED}, val_like_test).")

@@ -23,5 +23,5 @@ TASK_FILE = str(Path(__file__).resolve().parent.parent / "examples" / "zoo_taskm
 
 if __name__ == "__main__":
     ap = mutual.parser("mutual_taskmix", "runs/study_mutual_taskmix", reuse_from="mutual_taskmix_protocol1")
-    ap.set_defaults(task_file=TASK_FILE, final_seeds=",".join(str(s) for s in range(1, 18)))
+    ap.set_defaults(task_file=TASK_FILE, final_seeds=",".join(str(s) for s in range(1, 18)), target=3.0)
     mutual.run(ap.parse_args())

@@ -2,7 +2,7 @@
 ``mutual_taskmix.py`` and ``mutual_real_small.py`` keep every run's compact record in
 ``benchmarks/results/<study>_runs/`` and their figures in ``benchmarks/results/<study>.json``.
 
-    python benchmarks/study.py aggregate mutual [--arms A,B] [--seeds 0,1,2] [--write]
+    python benchmarks/study.py aggregate mutual [--arms A,B] [--seeds 0,1,2] [--target 5] [--write]
 
 The protocol itself (arms, tuning on validation, paired intervals, compute match, records,
 re-aggregation) is the library's: :mod:`mutualrl.study` (``mutualrl study STUDY.yaml`` runs one on
@@ -18,7 +18,14 @@ import sys
 
 from _common import RESULTS
 
-from mutualrl.study.aggregate import aggregate, committed_arms, committed_final_seeds, print_table, rewrite
+from mutualrl.study.aggregate import (
+    aggregate,
+    committed_arms,
+    committed_final_seeds,
+    committed_target,
+    print_table,
+    rewrite,
+)
 
 
 def _arms(name: str, arms: str | None) -> list[str] | None:
@@ -52,6 +59,8 @@ def main() -> None:
     ag.add_argument("--seeds", default=None,
                     help="comma-separated final seeds (default: those the committed results/<name>.json declared, "
                     "else the longest seed list an arm holds)")
+    ag.add_argument("--target", type=float, default=None,
+                    help="the plan's target for the peers' share, in points (default: the committed JSON's, if any)")
     ag.add_argument("--write", action="store_true",
                     help="replace the figures of results/<name>.json with this aggregation (the study run's "
                     "tuning, notes and machine kept; a note added)")
@@ -59,12 +68,14 @@ def main() -> None:
     if args.cmd != "aggregate":
         ap.print_help()
         return
-    result = aggregate(RESULTS, args.name, _arms(args.name, args.arms), _seeds(args.name, args.seeds))
+    target = args.target if args.target is not None else committed_target(RESULTS, args.name)
+    result = aggregate(RESULTS, args.name, _arms(args.name, args.arms), _seeds(args.name, args.seeds), target)
     if args.write:
         result = rewrite(RESULTS, args.name, result, seeds_given=bool(args.seeds),
                          how=f"python benchmarks/study.py aggregate {args.name} --write")
     print_table(result)
-    print(json.dumps({k: result[k] for k in ("peers_share", "efficiency", "compute_match") if k in result}, indent=1))
+    print(json.dumps({k: result[k] for k in ("peers_share", "efficiency", "compute_match", "target") if k in result},
+                     indent=1))
 
 
 if __name__ == "__main__":

@@ -130,6 +130,26 @@ def shared_ray():
         ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's tests (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``):
+    tiny models run fastest on one and keep timings stable on a shared machine; the count is restored."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def zoo_task():
+    """The zoo's default task with 200 training and 20 test problems (read-only for its users)."""
+    from mutualrl.zoo import default_task
+
+    return default_task(test_size=20, train_size=200)
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two untrained tiny causal LMs of different families and tokenizer algorithms.

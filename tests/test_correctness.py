@@ -27,20 +27,12 @@ from mutualrl.experience import Rollout, VerifiedSuccess
 from mutualrl.thl.peer import peer_trace
 from mutualrl.thl.retokenize import encode_completion
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def task():
-    from mutualrl.zoo import default_task
-
-    return default_task(test_size=20, train_size=200)
+def task(zoo_task):
+    return zoo_task
 
 
 def _scorer(task):

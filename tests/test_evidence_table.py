@@ -148,6 +148,11 @@ def test_rows_and_markdown(study):
     assert "n/a" in lines[3]  # FLOPs not counted in these records
     assert "**missed**" in lines[2] and "[" in lines[2] and "power at the target" in lines[2]
     assert "yes (FLOPs n/a)" in lines[3]  # the per-policy matched control
+    # beside the headline: the strongest baseline whatever its compute (stronger on validation, outside)
+    anyc = result["peers_share_any_compute"]
+    assert best["peers_share_any_compute"]["strongest_baseline"] == anyc["strongest_baseline"] == "sum_matched"
+    assert f"vs the strongest whatever its compute (sum_matched): {anyc['mean']:+.1f}" in lines[2]
+    assert all("peers_share_any_compute" not in r for r in rows[1:])
 
 
 def test_missing_fields_read_na():

@@ -18,13 +18,7 @@ QUESTIONS = ["Calculate 12 + 34.", "Calculate 98 - 7 and then think about it for
 MODELS = ["tiny-gpt2", "tiny-llama"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models: one thread is fastest and keeps timings stable on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -336,6 +336,42 @@ def test_the_headline_inside_the_match_takes_the_strongest_baseline_matched_on_e
     out = aggregate(tmp_path, "s", ["share", "strong", "weak"])
     assert out["peers_share"]["strongest_baseline"] == "strong" and out["peers_share"]["inside_match"] is False
     assert out["compute_match"]["every_seed_and_policy_within_10_percent"] is False
+    assert "target" not in out  # no target declared, no verdict
+
+
+def test_the_study_json_judges_the_plans_target_and_a_reaggregation_keeps_it(tmp_path):
+    """With the plan's target the JSON holds the verdict beside the headline (met only inside the match,
+    on 5+ seeds, the interval above 0), and a re-aggregation judges against the committed target."""
+    import json
+
+    from mutualrl.study.aggregate import aggregate, committed_target, rewrite
+
+    runs = tmp_path / "s_runs"
+    runs.mkdir()
+    spent = {"share": (100, 2), "matched": (97, 2), "strong": (50, 1)}
+    gain = {"share": 0.0, "matched": -0.06, "strong": -0.03}
+    for arm, (tok, opt) in spent.items():
+        for seed in range(1, 7):
+            acc = 0.6 + gain[arm] + (0.01 * (seed % 3) if arm == "share" else 0.0)
+            rec = {"arm": arm, "family": arm, "role": "sharing" if arm == "share" else "baseline", "seed": seed,
+                   "overrides": {}, "strategy": "x", "policies": ["a", "b"], "wall_s": 1.0, "git_rev": "r",
+                   "evals": [{"policy": p, "step": 4, "val_acc": acc, "test_acc": acc} for p in "ab"],
+                   "steps": [{"policy": p, "step": 1, "train_tokens": tok, "optimizer_steps": opt, "gen_tokens": 5}
+                             for p in "ab"]}
+            (runs / f"{arm}-seed{seed}.json").write_text(json.dumps(rec))
+    out = aggregate(tmp_path, "s", list(spent), list(range(1, 7)), target=5.0)
+    assert out["peers_share"]["strongest_baseline"] == "matched" and out["peers_share"]["mean"] > 5
+    assert out["target"]["met"] is True and out["target"]["reasons"] == []
+    missed = aggregate(tmp_path, "s", list(spent), [1, 2, 3], target=5.0)["target"]
+    assert missed["met"] is False and missed["reasons"] == ["3 final seeds (< 5)"]
+    assert missed["power"]["seeds_at_target"] >= 2  # a miss says what power would need
+    outside = aggregate(tmp_path, "s", ["share", "strong"], list(range(1, 7)), target=5.0)["target"]
+    assert outside["met"] is False and "baseline not compute-matched per policy" in outside["reasons"]
+    assert "mean +4.0 below the target" in outside["reasons"]
+    (tmp_path / "s.json").write_text(json.dumps({**out, "notes": []}))
+    assert committed_target(tmp_path, "s") == 5.0
+    again = rewrite(tmp_path, "s", aggregate(tmp_path, "s", ["share", "strong"], list(range(1, 7))))
+    assert "target" not in again  # an aggregation without the target drops the old verdict, never keeps it stale
 
 
 @pytest.mark.parametrize("types", [["add", "mul"], ["mul", "add"]])

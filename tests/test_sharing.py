@@ -24,21 +24,12 @@ from mutualrl.algorithms.update import train_on_batch
 from mutualrl.config import GRPOOptions
 from mutualrl.experience import Rollout, VerifiedSuccess
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models: one thread is fastest and keeps timings stable on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def task():
-    from mutualrl.zoo import default_task
-
-    return default_task(test_size=20, train_size=200)
+def task(zoo_task):
+    return zoo_task
 
 
 def _wrong(answer: str) -> str:

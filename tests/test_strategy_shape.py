@@ -127,10 +127,8 @@ def _groups(task):
 
 
 @pytest.fixture(scope="module")
-def task():
-    from mutualrl.zoo import default_task
-
-    return default_task(test_size=20, train_size=200)
+def task(zoo_task):
+    return zoo_task
 
 
 def test_a_chain_is_ordered_by_what_each_step_needs_and_breaks():

@@ -56,7 +56,7 @@ def _final_test(record: dict[str, Any]) -> float:
 
 def test_a_two_arm_two_seed_study_on_the_zoo_runs_through_the_command_and_reaggregates(tmp_path, capsys):
     out = tmp_path / "out"
-    study_file = _write_study(tmp_path / "def", out)
+    study_file = _write_study(tmp_path / "def", out, target=50)
     assert main(["study", str(study_file)]) == 0
     err = capsys.readouterr().err
     assert "study zoo2 4/4 (100%)" in err  # the progress display (plain lines off a terminal)
@@ -80,6 +80,8 @@ def test_a_two_arm_two_seed_study_on_the_zoo_runs_through_the_command_and_reaggr
         sum(s.get("train_tokens", 0) for s in records["imitate", seed]["steps"]) for seed in (1, 2)]
     assert "compute_match" in result and result["definition"]["arms"]["imitate"] == {"strategy": "imitate"}
     assert any("protocol asks for 5" in n for n in result["notes"])
+    assert result["target"]["target"] == 50 and result["target"]["met"] is False  # the file's target, judged
+    assert "2 final seeds (< 5)" in result["target"]["reasons"]
     assert (out / "zoo2_report" / "report.md").is_file() and (out / "zoo2_report" / "curves.png").is_file()
     metrics = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/metrics.jsonl")}
     assert len(metrics) == 4
@@ -154,6 +156,8 @@ def test_candidates_are_tuned_on_validation_and_grpo_from_passes_the_choice_on(t
      "arms.imitate.grpo_from", "not another arm"),
     ({"base": "missing.yaml"}, "base", "does not exist"),
     ({"val_size": 0}, "val_size", "positive integer"),
+    ({"target": -1}, "target", "positive number"),
+    ({"target": "five"}, "target", "positive number"),
 ])
 def test_a_bad_study_file_exits_2_naming_the_field_and_writes_nothing(tmp_path, capsys, changes, field, hint):
     out = tmp_path / "out"
@@ -214,11 +218,12 @@ def _same(a: Any, b: Any) -> bool:
 def test_the_committed_benchmark_studies_reaggregate_to_their_figures(name):
     """Every figure of a committed benchmark study comes back from its committed records alone
     through the library (its arms and declared final seeds)."""
-    from mutualrl.study.aggregate import aggregate, committed_arms, committed_final_seeds
+    from mutualrl.study.aggregate import aggregate, committed_arms, committed_final_seeds, committed_target
 
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     if not (results / f"{name}.json").is_file():
         pytest.skip(f"{name}.json is not committed")
     committed = json.loads((results / f"{name}.json").read_text())
-    again = aggregate(results, name, committed_arms(results, name), committed_final_seeds(results, name))
+    again = aggregate(results, name, committed_arms(results, name), committed_final_seeds(results, name),
+                      committed_target(results, name))
     assert _same(_figures(again), _figures(committed))

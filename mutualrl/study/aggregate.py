@@ -43,7 +43,7 @@ PROTOCOL = {
 """How every figure of a study's JSON was made (written into it)."""
 
 AGGREGATE_KEYS = ("final_seeds", "arms", "peers_share", "pairwise", "compute_match", "efficiency", "matched_sharing",
-                  "arms_on_fewer_seeds", "on_common_seeds", "peers_share_any_compute", "peers_share_inside_match")
+                  "arms_on_fewer_seeds", "on_common_seeds", "peers_share_any_compute", "peers_share_inside_match", "target")
 """The keys of a study's JSON that :func:`aggregate` computes (the rest describe the run that wrote it)."""
 
 
@@ -67,7 +67,7 @@ def final_val(run: Mapping[str, Any]) -> float:
 
 
 def aggregate(results: Path, name: str, arms: Sequence[str] | None = None,
-              final_seeds: Sequence[int] | None = None) -> dict[str, Any]:
+              final_seeds: Sequence[int] | None = None, target: float | None = None) -> dict[str, Any]:
     """Study ``name``'s figures from its records in ``results`` alone.
 
     The final seeds are ``final_seeds`` when given (runs on other seeds, such as a chosen arm's tuning
@@ -75,7 +75,9 @@ def aggregate(results: Path, name: str, arms: Sequence[str] | None = None,
     headline (``arms``, ``peers_share``). An arm trained on fewer seeds (a study whose later seeds
     trained only the headline's arms) is kept apart in ``arms_on_fewer_seeds``, over its own seeds, and
     ``on_common_seeds`` repeats the peers' share over the seeds every arm holds, every arm competing:
-    so the strongest baseline among all the chosen arms stays visible."""
+    so the strongest baseline among all the chosen arms stays visible. ``target`` (points, the plan's):
+    ``target`` holds whether the headline met it and every reason it did not, with the seeds 80 %
+    power at the target would need on a miss (:func:`~mutualrl.study.evidence.target_verdict`)."""
     runs = [r for r in load_records(runs_dir(results, name)) if (arms is None or r["arm"] in arms)
             and (final_seeds is None or r["seed"] in final_seeds)]
     check_paired_builds(runs)
@@ -91,6 +93,10 @@ def aggregate(results: Path, name: str, arms: Sequence[str] | None = None,
                            "arms": {a: arm_summary(runs, a, final_seeds) for a in final},
                            "git_rev": git_rev(), "quick": False}
     out.update(comparisons(runs, roles, final, final_seeds, out["arms"]))
+    if target is not None:
+        share = out.get("peers_share")
+        out["target"] = evidence.target_verdict(share, target, share.get("inside_match") if share else None,
+                                                len(final_seeds))
     if fewer:
         out["arms_on_fewer_seeds"] = {a: arm_summary(runs, a, sorted(seeds_of[a])) for a in fewer}
         common = sorted(set.intersection(*(set(s) for s in seeds_of.values())))
@@ -139,14 +145,15 @@ def arm_summary(runs: Sequence[Mapping[str, Any]], arm: str, seeds: Sequence[int
 def compute_ratios(runs: Sequence[Mapping[str, Any]], table: Mapping[str, Mapping[str, Any]], arm: str,
                    baseline: str) -> dict[str, Any]:
     """``arm``'s compute over ``baseline``'s: the means' ratios of trained tokens, optimizer steps,
-    sampled tokens and (where both arms' runs counted them) FLOPs in all and of scoring; the trained
+    sampled tokens and (where both arms' runs counted them) FLOPs in all and of scoring (``evidence.ratio``:
+    a baseline that spent none, as a control spends no scoring, gives its capped value); the trained
     tokens' ratio per seed; and per policy and seed, the ratios of trained tokens, optimizer steps,
     FLOPs and sampled tokens (``<key>_per_policy``; the verdicts judge the first three)."""
     tok = evidence.token_ratios(runs, arm, baseline)
     by_policy = evidence.policy_ratios(runs, arm, baseline)
     keys = ["trained_tokens", "optimizer_steps", "sampled_tokens"]
     keys += [k for k in ("flops", "flops_scoring") if k in table[arm] and k in table[baseline]]
-    return {**{k: table[arm][k]["mean"] / max(table[baseline][k]["mean"], 1e-9) for k in keys},
+    return {**{k: evidence.ratio(table[arm][k]["mean"], table[baseline][k]["mean"]) for k in keys},
             "trained_tokens_per_seed": tok["per_seed"],
             **{f"{k}_per_policy": by_policy[k] for k in evidence.RATIO_KEYS if k in by_policy}}
 
@@ -237,6 +244,13 @@ def committed_final_seeds(results: Path, name: str) -> list[int] | None:
     return json.loads(path.read_text()).get("declared_final_seeds") if path.is_file() else None
 
 
+def committed_target(results: Path, name: str) -> float | None:
+    """The target (points) the committed JSON of study ``name`` was judged against, or None."""
+    path = result_path(results, name)
+    t = json.loads(path.read_text()).get("target") if path.is_file() else None
+    return t.get("target") if isinstance(t, dict) else None
+
+
 def rewrite(results: Path, name: str, result: Mapping[str, Any], seeds_given: bool = False,
             how: str = "") -> dict[str, Any]:
     """Replace the figures of the committed ``<results>/<name>.json`` with ``result`` (a fresh
@@ -308,6 +322,13 @@ def table_lines(result: Mapping[str, Any]) -> list[str]:
                                f" (trained tokens x{cmp['compute_match']['trained_tokens']:.2f})"))
     for e, cmp in result.get("efficiency", {}).items():
         lines += [_interval(f"efficiency {e} {k} ({v['baseline']})", v) for k, v in cmp.items()]
+    t = result.get("target")
+    if t and t.get("target") is not None:
+        pw = t.get("power") or {}
+        need = (f"; {pw['seeds_at_target']} seeds for {pw['power']:.0%} power at the target (sd {pw['sd']:.1f})"
+                if pw.get("seeds_at_target") else "")
+        lines.append(f"target >= {t['target']:+g} points: " + ("met" if t["met"] else
+                                                             f"missed ({'; '.join(t['reasons'])}{need})"))
     return lines
 
 

@@ -103,7 +103,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     total = planned_runs(spec)
     with Progress(f"study {spec.name}", total, enabled=not args.no_progress, every=1) as progress:
         study = Study(spec.name, lambda seed: dict(spec.base), out / "runs", results=out, jobs=args.jobs or spec.jobs,
-                      reuse=args.reuse, final_seeds=list(spec.seeds), progress=progress)
+                      reuse=args.reuse, final_seeds=list(spec.seeds), progress=progress, target=spec.target)
         try:
             result = run_study(spec, study)
         except RunFailed as exc:
@@ -180,7 +180,7 @@ def reaggregate(spec: StudySpec, out: Path) -> int:
         raise UserError(f"no study {spec.name!r} in {str(out)!r} ({result_path(out, spec.name).name} and "
                         f"{runs_dir(out, spec.name).name}/): run `mutualrl study` on it first, or give -o")
     arms = committed_arms(out, spec.name)
-    result = aggregate(out, spec.name, arms, committed_final_seeds(out, spec.name))
+    result = aggregate(out, spec.name, arms, committed_final_seeds(out, spec.name), spec.target)
     result = rewrite(out, spec.name, result, how="mutualrl study --aggregate")
     dirs = [d for r in load_records(runs_dir(out, spec.name)) if (arms is None or r["arm"] in arms)
             and (d := out / "runs" / run_name(r["arm"], r["seed"])).is_dir()]

@@ -16,6 +16,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from mutualrl.study.power import DEFAULT_POWER, seeds_for_power
+
 T_975: dict[int, float] = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
                            9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 14: 2.145, 19: 2.093, 29: 2.045}
 """Two-sided 95 % quantiles of Student's t by degrees of freedom (a missing df takes the next smaller
@@ -251,3 +253,41 @@ def matched_peers_share(runs: Sequence[Mapping[str, Any]], sharing: Iterable[str
     return {"best_sharing_arm": best, "strongest_baseline": base, "baselines_inside_match": inside,
             "chosen_by": "validation accuracy, among the baselines inside the match",
             **{k: v for k, v in out.items() if k not in ("arm", "baseline")}}
+
+
+MIN_SEEDS = 5
+"""The final seeds a study needs before a target can be met (the protocol's minimum)."""
+
+
+def target_verdict(share: Mapping[str, Any] | None, target: float | None, baseline_inside: bool | None,
+                   n_seeds: int, min_seeds: int = MIN_SEEDS) -> dict[str, Any]:
+    """The study's target and whether it was met, with every reason it was not: the mean below the
+    target, the 95 % interval touching 0, the headline's baseline outside the per-policy match (or the
+    match unknown), fewer than ``min_seeds`` final seeds, no peers' share at all. A miss with a per-seed
+    sd also gives ``power``: the seeds a study would need for 80 % power at the target, that sd taken
+    as the true one (:func:`~mutualrl.study.power.seeds_for_power`)."""
+    if target is None:
+        return {"target": None, "met": None, "reasons": []}
+    if not share or "mean" not in share or not share.get("ci95"):
+        why = ("no baseline inside the per-policy match" if share and "strongest_baseline" in share
+               and share["strongest_baseline"] is None else "no peers' share")
+        return {"target": target, "met": False, "reasons": [why]}
+    lo = share["ci95"][0]
+    reasons = []
+    if not share["mean"] >= target:
+        reasons.append(f"mean {share['mean']:+.1f} below the target")
+    if not lo > 0:
+        reasons.append("95 % interval touches 0")
+    if baseline_inside is None:
+        reasons.append("per-policy compute match unknown")
+    elif not baseline_inside:
+        reasons.append("baseline not compute-matched per policy")
+    if n_seeds < min_seeds:
+        reasons.append(f"{n_seeds} final seeds (< {min_seeds})")
+    out = {"target": target, "met": not reasons, "reasons": reasons, "lower_bound": lo,
+           "lower_bound_below_target": lo < target}
+    sd = share.get("sd")
+    if reasons and isinstance(sd, int | float) and math.isfinite(sd) and sd > 0:
+        # the seeds a study would need: 80 % power at the target, the observed per-seed sd taken as true
+        out["power"] = {"sd": sd, "seeds_at_target": seeds_for_power(sd, target), "power": DEFAULT_POWER}
+    return out

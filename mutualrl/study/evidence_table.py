@@ -32,15 +32,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mutualrl.study.evidence import MATCH_KEYS, RATIO_KEYS, farthest, interval, policy_ratios, spread, within
-from mutualrl.study.power import DEFAULT_POWER, seeds_for_power
+from mutualrl.study.evidence import (
+    MATCH_KEYS,
+    RATIO_KEYS,
+    farthest,
+    interval,
+    policy_ratios,
+    spread,
+    target_verdict,
+    within,
+)
 
 START = "<!-- evidence-table:start -->"
 END = "<!-- evidence-table:end -->"
 """The README markers whose block :func:`replace_block` rewrites."""
 
 TOLERANCE = 0.10
-MIN_SEEDS = 5
 _SHORT = {"trained_tokens": "tokens", "optimizer_steps": "steps", "sampled_tokens": "sampled", "flops": "FLOPs"}
 
 
@@ -84,40 +91,6 @@ def match_verdict(ratios: Mapping[str, Any], tol: float = TOLERANCE) -> dict[str
             "worst": {k: worst[k] for k in outside}, "flops_compared": policies <= set(far.get("flops", {}))}
 
 
-def target_verdict(share: Mapping[str, Any] | None, target: float | None, baseline_inside: bool | None,
-                   n_seeds: int, min_seeds: int = MIN_SEEDS) -> dict[str, Any]:
-    """The study's target and whether it was met, with every reason it was not: the mean below the
-    target, the 95 % interval touching 0, the headline's baseline outside the per-policy match (or the
-    match unknown), fewer than ``min_seeds`` final seeds, no peers' share at all. A miss with a per-seed
-    sd also gives ``power``: the seeds a study would need for 80 % power at the target, that sd taken
-    as the true one (:func:`~mutualrl.study.power.seeds_for_power`)."""
-    if target is None:
-        return {"target": None, "met": None, "reasons": []}
-    if not share or "mean" not in share or not share.get("ci95"):
-        why = ("no baseline inside the per-policy match" if share and "strongest_baseline" in share
-               and share["strongest_baseline"] is None else "no peers' share")
-        return {"target": target, "met": False, "reasons": [why]}
-    lo = share["ci95"][0]
-    reasons = []
-    if not share["mean"] >= target:
-        reasons.append(f"mean {share['mean']:+.1f} below the target")
-    if not lo > 0:
-        reasons.append("95 % interval touches 0")
-    if baseline_inside is None:
-        reasons.append("per-policy compute match unknown")
-    elif not baseline_inside:
-        reasons.append("baseline not compute-matched per policy")
-    if n_seeds < min_seeds:
-        reasons.append(f"{n_seeds} final seeds (< {min_seeds})")
-    out = {"target": target, "met": not reasons, "reasons": reasons, "lower_bound": lo,
-           "lower_bound_below_target": lo < target}
-    sd = share.get("sd")
-    if reasons and isinstance(sd, int | float) and math.isfinite(sd) and sd > 0:
-        # the seeds a study would need: 80 % power at the target, the observed per-seed sd taken as true
-        out["power"] = {"sd": sd, "seeds_at_target": seeds_for_power(sd, target), "power": DEFAULT_POWER}
-    return out
-
-
 def _pct(x: float | None) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
 
@@ -130,8 +103,9 @@ def _ratio_text(ratios: Mapping[str, Any], key: str) -> str:
 def study_rows(label: str, study: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
                target: float | None = None) -> list[dict[str, Any]]:
     """One row per headline arm of ``study``: its accuracy and seeds, the peers' share (the best
-    sharing arm's row only), its compute ratios per policy against the best sharing arm, its match
-    verdict, and the target's verdict (on the best sharing arm's row)."""
+    sharing arm's row only; with ``peers_share_any_compute`` beside it when the strongest baseline
+    whatever its compute is another arm than the headline's), its compute ratios per policy against
+    the best sharing arm, its match verdict, and the target's verdict (on the best sharing arm's row)."""
     share = study.get("peers_share")
     best = share.get("best_sharing_arm") if share else None
     strong = share.get("strongest_baseline") if share else None
@@ -154,6 +128,9 @@ def study_rows(label: str, study: Mapping[str, Any], runs: Sequence[Mapping[str,
             if "mean" in share and share.get("ci95"):
                 row["peers_share"] = {k: share[k] for k in ("mean", "ci95", "values", "seeds", "strongest_baseline")
                                       if k in share}
+            anyc = study.get("peers_share_any_compute") or {}
+            if anyc.get("ci95") and anyc.get("strongest_baseline") not in (None, strong):
+                row["peers_share_any_compute"] = {k: anyc[k] for k in ("mean", "ci95", "strongest_baseline")}
             row["target"] = target_verdict(share, target, verdicts.get(strong, {}).get("inside"), len(seeds))
         rows.append(row)
     return rows
@@ -193,6 +170,10 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         ps = r["peers_share"]
         share = (f"**{ps['mean']:+.1f}** [{ps['ci95'][0]:+.1f}, {ps['ci95'][1]:+.1f}] vs {ps['strongest_baseline']}"
                  if ps else "")
+        if r.get("peers_share_any_compute"):  # the strongest whatever its compute, when the headline's differs
+            a = r["peers_share_any_compute"]
+            share += (f"; vs the strongest whatever its compute ({a['strongest_baseline']}): {a['mean']:+.1f} "
+                      f"[{a['ci95'][0]:+.1f}, {a['ci95'][1]:+.1f}]")
         best = r["kind"] == "best sharing"
         tokens = "reference" if best else _ratio_text(r["ratios"], "trained_tokens")
         flops = "reference" if best else _ratio_text(r["ratios"], "flops")

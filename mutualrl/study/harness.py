@@ -123,6 +123,9 @@ class Study:
     keep_checkpoints: bool = False
     """Keep a finished run's checkpoints (default: removed once its record is written: the record is
     all the study reads, and two checkpoints of the real-model pair take ~10 GB a run)."""
+    target: float | None = None
+    """The plan's target for the peers' share, in points: the JSON's ``target`` says whether the
+    headline met it (:func:`~mutualrl.study.evidence.target_verdict`); None: no verdict."""
     progress: Progress | None = None
     """Counts finished (or reused) runs and shows what runs; None: one line per event on stderr."""
     arms: dict[str, Arm] = field(default_factory=dict)
@@ -344,7 +347,7 @@ class Study:
         if len(threads) > 1:
             self.notes.append(f"Runs trained on {' or '.join(map(str, threads))} torch threads (records reused "
                               "across a change of threads, which sets the speed, not the training).")
-        result = aggregate(self.results_dir, self.name, list(self.arms), self.final_seeds)
+        result = aggregate(self.results_dir, self.name, list(self.arms), self.final_seeds, self.target)
         mach = machine()
         mach["load_avg"] = {"start": self.load_start, "end": os.getloadavg()[0]}
         result.update({"tuning": self.tuning, "notes": self.notes, "machine": mach, "jobs": self.jobs,

@@ -10,6 +10,7 @@ the protocol (choices on validation, fresh final seeds, paired intervals).
     tune_seeds: [0]               # the seeds candidates are tuned on (never a final seed); needed with candidates
     val_size: 200                 # optional: validation problems (default: the base config's task.val_size)
     jobs: 1                       # optional: runs at once, each in its own process (threads = cores / jobs)
+    target: 3                     # optional: the peers' share (points) you set out to show; the JSON says if it was met
     arms:
       independent:
         strategy: independent                 # shorthand for overrides: {sharing: {strategy: ...}}
@@ -28,7 +29,9 @@ Everything is checked before anything is written: a bad field raises
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,17 +42,16 @@ import yaml
 
 from mutualrl.config import read_config_data
 from mutualrl.errors import ConfigError, UserError
+from mutualrl.study.evidence import MIN_SEEDS
 from mutualrl.study.harness import ROLES
 from mutualrl.study.records import deep_merge
 
-FIELDS = ("name", "base", "output", "seeds", "tune_seeds", "val_size", "jobs", "arms")
+FIELDS = ("name", "base", "output", "seeds", "tune_seeds", "val_size", "jobs", "target", "arms")
 """The fields of a study file."""
 ARM_FIELDS = ("strategy", "role", "overrides", "candidates", "grpo_from")
 """The fields of one arm."""
 NAME = re.compile(r"^[A-Za-z0-9_+-]+$")
 """Arm and candidate names: they name files (``<arm>-seed<N>.json``; a candidate ``<arm>.<candidate>``)."""
-MIN_SEEDS = 5
-"""Final seeds the protocol asks for (with fewer the JSON says so)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ class StudySpec:
     arms: list[ArmSpec]
     source: dict[str, Any]
     """The study file as read (written into the study's JSON)."""
+    target: float | None = None
+    """The peers' share, in points, the study sets out to show (None: no verdict)."""
 
     def order(self) -> list[list[ArmSpec]]:
         """The arms in rounds: an arm comes after the arm it takes its GRPO settings from."""
@@ -228,7 +232,19 @@ def parse_study(data: Any, here: Path, default_name: str) -> StudySpec:
         raise ConfigError("val_size", "the protocol makes every choice on a validation split: set val_size (e.g. "
                           "200) here or task.val_size in the base run config")
     output = Path(str(data.get("output") or Path("runs") / "study" / name))
-    return StudySpec(name, base, output, seeds, tune_seeds, _positive(data, "jobs", 1) or 1, arms, dict(data))
+    return StudySpec(name, base, output, seeds, tune_seeds, _positive(data, "jobs", 1) or 1, arms, dict(data),
+                     _target(data))
+
+
+def _target(data: Mapping[str, Any]) -> float | None:
+    """The optional ``target``: a positive number of points (finite)."""
+    value = data.get("target")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ConfigError("target", f"expected the peers' share to show, in points (a positive number such as 3), "
+                          f"got {value!r}")
+    return float(value)
 
 
 def load_study(path: str | Path) -> StudySpec:
@@ -279,4 +295,4 @@ def check_configs(spec: StudySpec) -> StudySpec:
                           f"of each (the arms' roles now: {', '.join(f'{a.name} {a.role}' for a in arms)}); an arm's "
                           "role follows its strategy (independent, self_imitate: baseline; imitate, prp, sgt: "
                           "sharing) unless it sets role")
-    return StudySpec(spec.name, spec.base, spec.output, spec.seeds, spec.tune_seeds, spec.jobs, arms, spec.source)
+    return dataclasses.replace(spec, arms=arms)
