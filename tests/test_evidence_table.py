@@ -174,6 +174,15 @@ def test_no_baseline_inside_the_match(study):
     assert et.figure_panel("syn", cut)["title"] == "syn"
 
 
+def test_a_study_whose_final_seeds_have_not_all_run_reads_pending_not_missed():
+    study = {"arms": {}, "final_seeds": [1, 2, 3, 4, 5],
+             "target": {"target": 3.0, "met": None, "reasons": ["pending: a, b not yet on every final seed"]}}
+    rows = et.study_rows("mix", study, [], target=3.0)
+    assert len(rows) == 1 and rows[0]["target"]["met"] is None
+    md = et.markdown(rows)
+    assert "pending: a, b" in md and "missed" not in md
+
+
 def test_replace_block():
     text = f"# t\n\nbefore\n{et.START}\nold table\n{et.END}\nafter\n"
     out = et.replace_block(text, "| new |\n")

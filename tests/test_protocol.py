@@ -368,6 +368,8 @@ def test_the_study_json_judges_the_plans_target_and_a_reaggregation_keeps_it(tmp
     outside = aggregate(tmp_path, "s", ["share", "strong"], list(range(1, 7)), target=5.0)["target"]
     assert outside["met"] is False and "baseline not compute-matched per policy" in outside["reasons"]
     assert "mean +4.0 below the target" in outside["reasons"]
+    pending = aggregate(tmp_path, "s", list(spent), list(range(1, 9)), target=5.0)["target"]
+    assert pending["met"] is None and pending["reasons"][0].startswith("pending")  # seeds 7, 8 not run yet
     (tmp_path / "s.json").write_text(json.dumps({**out, "notes": []}))
     assert committed_target(tmp_path, "s") == 5.0
     again = rewrite(tmp_path, "s", aggregate(tmp_path, "s", ["share", "strong"], list(range(1, 7))))

@@ -77,7 +77,8 @@ def aggregate(results: Path, name: str, arms: Sequence[str] | None = None,
     ``on_common_seeds`` repeats the peers' share over the seeds every arm holds, every arm competing:
     so the strongest baseline among all the chosen arms stays visible. ``target`` (points, the plan's):
     ``target`` holds whether the headline met it and every reason it did not, with the seeds 80 %
-    power at the target would need on a miss (:func:`~mutualrl.study.evidence.target_verdict`)."""
+    power at the target would need on a miss (:func:`~mutualrl.study.evidence.target_verdict`); ``met:
+    None`` (pending) while no headline exists because arms have not run every final seed yet."""
     runs = [r for r in load_records(runs_dir(results, name)) if (arms is None or r["arm"] in arms)
             and (final_seeds is None or r["seed"] in final_seeds)]
     check_paired_builds(runs)
@@ -95,8 +96,10 @@ def aggregate(results: Path, name: str, arms: Sequence[str] | None = None,
     out.update(comparisons(runs, roles, final, final_seeds, out["arms"]))
     if target is not None:
         share = out.get("peers_share")
-        out["target"] = evidence.target_verdict(share, target, share.get("inside_match") if share else None,
-                                                len(final_seeds))
+        out["target"] = (evidence.target_verdict(share, target, share.get("inside_match") if share else None,
+                                                 len(final_seeds)) if share or not fewer else
+                         {"target": target, "met": None, "reasons": [
+                             f"pending: {', '.join(sorted(fewer))} not yet on every final seed {final_seeds}"]})
     if fewer:
         out["arms_on_fewer_seeds"] = {a: arm_summary(runs, a, sorted(seeds_of[a])) for a in fewer}
         common = sorted(set.intersection(*(set(s) for s in seeds_of.values())))

@@ -133,6 +133,11 @@ def study_rows(label: str, study: Mapping[str, Any], runs: Sequence[Mapping[str,
                 row["peers_share_any_compute"] = {k: anyc[k] for k in ("mean", "ci95", "strongest_baseline")}
             row["target"] = target_verdict(share, target, verdicts.get(strong, {}).get("inside"), len(seeds))
         rows.append(row)
+    pending = study.get("target") or {}
+    if target is not None and pending.get("met", False) is None and pending.get("target") is not None:
+        rows = rows or [{"study": label, "arm": "(no headline yet)", "role": "n/a", "kind": "pending", "seeds": [],
+                         "test_acc": None, "test_acc_values": [], "peers_share": None, "ratios": {}, "match": None}]
+        rows[0]["target"] = dict(pending)  # the JSON's: not every final seed has run, no verdict yet
     return rows
 
 
@@ -154,6 +159,8 @@ def _target_text(t: Mapping[str, Any] | None) -> str:
     head = f"≥ {t['target']:+g}"
     if t["met"]:
         return f"{head}: met"
+    if t["met"] is None:
+        return f"{head}: {'; '.join(t['reasons'])}"
     pw = t.get("power")
     need = "" if not pw else (f"; {pw['seeds_at_target']} seeds for {pw['power']:.0%} power at the target, sd "
                               f"{pw['sd']:.1f}" if pw["seeds_at_target"] else f"; over 200 seeds for {pw['power']:.0%} "
