@@ -34,3 +34,16 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
 def write_result_to(path: Path, data: dict[str, Any]) -> Path:
     """Write ``data`` as JSON to exactly ``path`` (atomically: temporary file + rename)."""
     return write_json(path, data)
+
+
+def target_points(text: str) -> float:
+    """``--target`` of the sharing studies: the plan's target for the peers' share, in points (a
+    positive finite number; argparse exits 2 naming the flag otherwise)."""
+    import argparse
+
+    from mutualrl.study.evidence import check_target
+
+    try:
+        return check_target(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc) if "points" in str(exc) else f"not a number: {text!r}") from None

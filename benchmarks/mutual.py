@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS
+from _common import RESULTS, target_points
 
 from mutualrl.study import Arm, Study, evidence
 
@@ -398,7 +398,7 @@ def parser(name: str = "mutual", out: str = "runs/study_mutual",
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--tune-seeds", default="0")
     ap.add_argument("--final-seeds", default="1,2,3,4,5,6,7,8", help="the plan's final seeds (zoo: 1-8)")
-    ap.add_argument("--target", type=float, default=5.0,
+    ap.add_argument("--target", type=target_points, default=5.0,
                     help="the plan's target for the peers' share in points (zoo 5, task mix 3): the JSON's verdict")
     ap.add_argument("--chunk", type=int, default=2, help="final seeds run together (the study keeps whole seeds)")
     ap.add_argument("--heldout-seed", type=int, default=HELDOUT_SEED,

@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mutual
-from _common import RESULTS
+from _common import RESULTS, target_points
 
 from mutualrl.study import Arm, Study, deep_merge
 
@@ -508,7 +508,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--final-seeds", default=",".join(str(s) for s in range(1, 15)),
                     help="the plan's final seeds (real pair: 1-14); never a tuning seed")
     ap.add_argument("--chunk", type=int, default=2, help="final seeds run together (the study keeps whole seeds)")
-    ap.add_argument("--target", type=float, default=5.0,
+    ap.add_argument("--target", type=target_points, default=5.0,
                     help="the plan's target for the peers' share in points: the JSON's verdict")
     ap.add_argument("--phase", choices=("tune", "all"), default="all",
                     help="tune: the tuning rounds only; all: then the final seeds")

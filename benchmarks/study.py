@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from _common import RESULTS
+from _common import RESULTS, target_points
 
 from mutualrl.study.aggregate import (
     aggregate,
@@ -59,7 +59,7 @@ def main() -> None:
     ag.add_argument("--seeds", default=None,
                     help="comma-separated final seeds (default: those the committed results/<name>.json declared, "
                     "else the longest seed list an arm holds)")
-    ag.add_argument("--target", type=float, default=None,
+    ag.add_argument("--target", type=target_points, default=None,
                     help="the plan's target for the peers' share, in points (default: the committed JSON's, if any)")
     ag.add_argument("--write", action="store_true",
                     help="replace the figures of results/<name>.json with this aggregation (the study run's "

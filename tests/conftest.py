@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -12,6 +14,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from mutualrl.zoo import build_tiny_models  # after the offline switch above
+
+if TYPE_CHECKING:
+    from mutualrl.tasks import Task
 
 RAY = ("test_data_parallel.py", "test_exchange_hostile.py", "test_exchange_ray.py", "test_scheduler_contract.py")
 """The modules whose tests share the session's Ray (``shared_ray``): run one after the other, so that
@@ -131,7 +136,7 @@ def shared_ray():
 
 
 @pytest.fixture(scope="module")
-def one_torch_thread():
+def one_torch_thread() -> Iterator[None]:
     """One torch thread for a module's tests (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``):
     tiny models run fastest on one and keep timings stable on a shared machine; the count is restored."""
     import torch
@@ -143,7 +148,7 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="module")
-def zoo_task():
+def small_zoo_task() -> Task:
     """The zoo's default task with 200 training and 20 test problems (read-only for its users)."""
     from mutualrl.zoo import default_task
 

@@ -31,8 +31,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def task(zoo_task):
-    return zoo_task
+def task(small_zoo_task):
+    return small_zoo_task
 
 
 def _scorer(task):

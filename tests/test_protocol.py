@@ -344,7 +344,7 @@ def test_the_study_json_judges_the_plans_target_and_a_reaggregation_keeps_it(tmp
     on 5+ seeds, the interval above 0), and a re-aggregation judges against the committed target."""
     import json
 
-    from mutualrl.study.aggregate import aggregate, committed_target, rewrite
+    from mutualrl.study.aggregate import aggregate, committed_target, rewrite, table_lines
 
     runs = tmp_path / "s_runs"
     runs.mkdir()
@@ -370,6 +370,16 @@ def test_the_study_json_judges_the_plans_target_and_a_reaggregation_keeps_it(tmp
     assert "mean +4.0 below the target" in outside["reasons"]
     pending = aggregate(tmp_path, "s", list(spent), list(range(1, 9)), target=5.0)["target"]
     assert pending["met"] is None and pending["reasons"][0].startswith("pending")  # seeds 7, 8 not run yet
+    (runs / "strong-seed6.json").rename(tmp_path / "strong-seed6.json")  # a headline, but one arm still short
+    short = aggregate(tmp_path, "s", list(spent), list(range(1, 7)), target=5.0)
+    assert short["peers_share"]["strongest_baseline"] == "matched" and short["target"]["met"] is None
+    assert "strong" in short["target"]["reasons"][0]
+    assert "target ≥ +5: pending: strong" in "\n".join(table_lines(short))
+    (tmp_path / "strong-seed6.json").rename(runs / "strong-seed6.json")
+    tuning = aggregate(tmp_path, "s", list(spent), [11, 12, 13, 14, 15], target=5.0)  # no final record yet
+    assert tuning["target"]["met"] is None and "missed" not in "\n".join(table_lines(tuning))
+    assert "missed (3 final seeds (< 5)" in "\n".join(table_lines(aggregate(tmp_path, "s", list(spent), [1, 2, 3],
+                                                                               target=5.0)))
     (tmp_path / "s.json").write_text(json.dumps({**out, "notes": []}))
     assert committed_target(tmp_path, "s") == 5.0
     again = rewrite(tmp_path, "s", aggregate(tmp_path, "s", ["share", "strong"], list(range(1, 7))))

@@ -127,8 +127,8 @@ def _groups(task):
 
 
 @pytest.fixture(scope="module")
-def task(zoo_task):
-    return zoo_task
+def task(small_zoo_task):
+    return small_zoo_task
 
 
 def test_a_chain_is_ordered_by_what_each_step_needs_and_breaks():

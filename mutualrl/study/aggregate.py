@@ -78,7 +78,7 @@ def aggregate(results: Path, name: str, arms: Sequence[str] | None = None,
     so the strongest baseline among all the chosen arms stays visible. ``target`` (points, the plan's):
     ``target`` holds whether the headline met it and every reason it did not, with the seeds 80 %
     power at the target would need on a miss (:func:`~mutualrl.study.evidence.target_verdict`); ``met:
-    None`` (pending) while no headline exists because arms have not run every final seed yet."""
+    None`` (pending) while any arm lacks a record of a final seed (or none has any)."""
     runs = [r for r in load_records(runs_dir(results, name)) if (arms is None or r["arm"] in arms)
             and (final_seeds is None or r["seed"] in final_seeds)]
     check_paired_builds(runs)
@@ -96,10 +96,11 @@ def aggregate(results: Path, name: str, arms: Sequence[str] | None = None,
     out.update(comparisons(runs, roles, final, final_seeds, out["arms"]))
     if target is not None:
         share = out.get("peers_share")
-        out["target"] = (evidence.target_verdict(share, target, share.get("inside_match") if share else None,
-                                                 len(final_seeds)) if share or not fewer else
-                         {"target": target, "met": None, "reasons": [
-                             f"pending: {', '.join(sorted(fewer))} not yet on every final seed {final_seeds}"]})
+        short = sorted(set(fewer) | (set(arms or []) - set(final)))  # arms without a record of every final seed
+        out["target"] = ({"target": target, "met": None, "reasons": [
+            f"pending: {', '.join(short) or 'no arm'} not yet on every final seed {final_seeds}"]}
+            if short or not runs else evidence.target_verdict(
+                share, target, share.get("inside_match") if share else None, len(final_seeds)))
     if fewer:
         out["arms_on_fewer_seeds"] = {a: arm_summary(runs, a, sorted(seeds_of[a])) for a in fewer}
         common = sorted(set.intersection(*(set(s) for s in seeds_of.values())))
@@ -325,13 +326,8 @@ def table_lines(result: Mapping[str, Any]) -> list[str]:
                                f" (trained tokens x{cmp['compute_match']['trained_tokens']:.2f})"))
     for e, cmp in result.get("efficiency", {}).items():
         lines += [_interval(f"efficiency {e} {k} ({v['baseline']})", v) for k, v in cmp.items()]
-    t = result.get("target")
-    if t and t.get("target") is not None:
-        pw = t.get("power") or {}
-        need = (f"; {pw['seeds_at_target']} seeds for {pw['power']:.0%} power at the target (sd {pw['sd']:.1f})"
-                if pw.get("seeds_at_target") else "")
-        lines.append(f"target >= {t['target']:+g} points: " + ("met" if t["met"] else
-                                                             f"missed ({'; '.join(t['reasons'])}{need})"))
+    if evidence.target_text(result.get("target")):
+        lines.append("target " + evidence.target_text(result.get("target")))
     return lines
 
 

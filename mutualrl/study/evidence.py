@@ -192,7 +192,7 @@ def token_ratios(runs: Sequence[Mapping[str, Any]], arm: str, baseline: str) -> 
     mine = {int(r["seed"]): r for r in runs if r["arm"] == arm}
     theirs = {int(r["seed"]): r for r in runs if r["arm"] == baseline}
     seeds = sorted(set(mine) & set(theirs))
-    per_seed = {s: compute_spent(mine[s])["trained_tokens"] / max(compute_spent(theirs[s])["trained_tokens"], 1e-9)
+    per_seed = {s: ratio(compute_spent(mine[s])["trained_tokens"], compute_spent(theirs[s])["trained_tokens"])
                 for s in seeds}
     per_policy = policy_ratios(runs, arm, baseline).get("trained_tokens", {})
     return {"seeds": seeds, "per_seed": [per_seed[s] for s in seeds], "per_policy": per_policy}
@@ -291,3 +291,29 @@ def target_verdict(share: Mapping[str, Any] | None, target: float | None, baseli
         # the seeds a study would need: 80 % power at the target, the observed per-seed sd taken as true
         out["power"] = {"sd": sd, "seeds_at_target": seeds_for_power(sd, target), "power": DEFAULT_POWER}
     return out
+
+
+def target_text(t: Mapping[str, Any] | None, missed: str = "missed") -> str:
+    """A :func:`target_verdict` (or a pending one, ``met: None``) in words: ``≥ +5: met``, ``≥ +5:
+    pending: ...``, or ``≥ +5: missed (every reason; the seeds 80 % power at the target would need)``;
+    ``missed`` is the word for a miss (the README table bolds it); empty without a target."""
+    if not t or t.get("target") is None:
+        return ""
+    head = f"≥ {t['target']:+g}"
+    if t["met"]:
+        return f"{head}: met"
+    if t["met"] is None:
+        return f"{head}: {'; '.join(t['reasons'])}"
+    pw = t.get("power")
+    need = "" if not pw else (f"; {pw['seeds_at_target']} seeds for {pw['power']:.0%} power at the target, sd "
+                              f"{pw['sd']:.1f}" if pw["seeds_at_target"] else f"; over 200 seeds for {pw['power']:.0%} "
+                              f"power at the target, sd {pw['sd']:.1f}")
+    return f"{head}: {missed} ({'; '.join(t['reasons'])}{need})"
+
+
+def check_target(value: Any) -> float:
+    """A study's target as given (points of peers' share): a positive finite number, else ValueError
+    naming what to give."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"expected the peers' share to show, in points (a positive number such as 3), got {value!r}")
+    return float(value)

@@ -39,6 +39,7 @@ from mutualrl.study.evidence import (
     interval,
     policy_ratios,
     spread,
+    target_text,
     target_verdict,
     within,
 )
@@ -105,8 +106,11 @@ def study_rows(label: str, study: Mapping[str, Any], runs: Sequence[Mapping[str,
     """One row per headline arm of ``study``: its accuracy and seeds, the peers' share (the best
     sharing arm's row only; with ``peers_share_any_compute`` beside it when the strongest baseline
     whatever its compute is another arm than the headline's), its compute ratios per policy against
-    the best sharing arm, its match verdict, and the target's verdict (on the best sharing arm's row)."""
+    the best sharing arm, its match verdict, and the target's verdict (on the best sharing arm's row): the
+    JSON's own ``target`` where it has one (pending while not every final seed has run), else judged
+    here against ``target``."""
     share = study.get("peers_share")
+    judged = study.get("target") if isinstance(study.get("target"), dict) and study["target"].get("target") else None
     best = share.get("best_sharing_arm") if share else None
     strong = share.get("strongest_baseline") if share else None
     seeds = final_seeds(study)
@@ -131,13 +135,13 @@ def study_rows(label: str, study: Mapping[str, Any], runs: Sequence[Mapping[str,
             anyc = study.get("peers_share_any_compute") or {}
             if anyc.get("ci95") and anyc.get("strongest_baseline") not in (None, strong):
                 row["peers_share_any_compute"] = {k: anyc[k] for k in ("mean", "ci95", "strongest_baseline")}
-            row["target"] = target_verdict(share, target, verdicts.get(strong, {}).get("inside"), len(seeds))
+            row["target"] = (dict(judged) if judged else
+                             target_verdict(share, target, verdicts.get(strong, {}).get("inside"), len(seeds)))
         rows.append(row)
-    pending = study.get("target") or {}
-    if target is not None and pending.get("met", False) is None and pending.get("target") is not None:
+    if judged and judged.get("met", False) is None:  # the JSON's: not every final seed has run, no verdict yet
         rows = rows or [{"study": label, "arm": "(no headline yet)", "role": "n/a", "kind": "pending", "seeds": [],
                          "test_acc": None, "test_acc_values": [], "peers_share": None, "ratios": {}, "match": None}]
-        rows[0]["target"] = dict(pending)  # the JSON's: not every final seed has run, no verdict yet
+        rows[0]["target"] = dict(judged)
     return rows
 
 
@@ -154,18 +158,7 @@ def _match_text(m: Mapping[str, Any] | None) -> str:
 
 
 def _target_text(t: Mapping[str, Any] | None) -> str:
-    if not t or t["target"] is None:
-        return ""
-    head = f"≥ {t['target']:+g}"
-    if t["met"]:
-        return f"{head}: met"
-    if t["met"] is None:
-        return f"{head}: {'; '.join(t['reasons'])}"
-    pw = t.get("power")
-    need = "" if not pw else (f"; {pw['seeds_at_target']} seeds for {pw['power']:.0%} power at the target, sd "
-                              f"{pw['sd']:.1f}" if pw["seeds_at_target"] else f"; over 200 seeds for {pw['power']:.0%} "
-                              f"power at the target, sd {pw['sd']:.1f}")
-    return f"{head}: **missed** ({'; '.join(t['reasons'])}{need})"
+    return target_text(t, missed="**missed**")
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ import yaml
 
 from mutualrl.config import read_config_data
 from mutualrl.errors import ConfigError, UserError
-from mutualrl.study.evidence import MIN_SEEDS
+from mutualrl.study.evidence import MIN_SEEDS, check_target
 from mutualrl.study.harness import ROLES
 from mutualrl.study.records import deep_merge
 
@@ -241,10 +240,10 @@ def _target(data: Mapping[str, Any]) -> float | None:
     value = data.get("target")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise ConfigError("target", f"expected the peers' share to show, in points (a positive number such as 3), "
-                          f"got {value!r}")
-    return float(value)
+    try:
+        return check_target(value)
+    except ValueError as exc:
+        raise ConfigError("target", str(exc)) from None
 
 
 def load_study(path: str | Path) -> StudySpec:
