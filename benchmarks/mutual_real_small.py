@@ -233,7 +233,10 @@ def choose(zs: dict[str, Any], shortcut: dict[str, float] | None = None, n: int 
     Types a constant answer would solve :data:`SHORTCUT_SHARE` of the time are left out. A pair is
     complementary when model A beats B on one type and B beats A on the other, each by more than two
     standard errors of the difference on ``n`` problems; the most complementary such pair is taken.
-    With none, the pair both models can partly solve best (the highest lowest accuracy of the four).
+    With none, the pair both models can partly solve best (the highest lowest accuracy of the four),
+    ties broken by the pair whose weaker type the better model on it solves best: a type one model
+    solves and the other does not is what sharing can pass on. Refused only when every pair holds a
+    type neither model solves (no success there to learn from or to share).
     """
     excluded = {t: v for t, v in (shortcut or {}).items() if v >= SHORTCUT_SHARE}
     kept = [t for t in CANDIDATES if t not in excluded]
@@ -269,18 +272,19 @@ def choose(zs: dict[str, Any], shortcut: dict[str, float] | None = None, n: int 
         floor = min(acc[a][t2], acc[b][t1], acc[a][t1], acc[b][t2])
         if acc[a][t1] - acc[b][t1] > 2 * se(t1) and acc[b][t2] - acc[a][t2] > 2 * se(t2):
             complementary.append((gain + 0.5 * floor, t1, t2))
-        able.append((floor, acc[a][t1] + acc[a][t2] + acc[b][t1] + acc[b][t2], *sorted((t1, t2))))
+        reach = min(max(acc[a][t1], acc[b][t1]), max(acc[a][t2], acc[b][t2]))  # each type solved by someone
+        able.append((floor, reach, acc[a][t1] + acc[a][t2] + acc[b][t1] + acc[b][t2], *sorted((t1, t2))))
     if complementary:
         rule = "complementary: each model better on one type by more than 2 standard errors"
         _, t1, t2 = max(complementary)
     else:
         rule = ("no pair complementary beyond 2 standard errors: the pair both models partly solve best "
-                "(highest lowest accuracy)")
-        floor, *_, t1, t2 = max(able)
-        if floor <= 0:
-            raise SystemExit(f"zero-shot choice: no pair of {kept} is complementary beyond 2 standard errors, and in "
-                             f"every pair one model solves none of a type ({t1}, {t2} at best): a study on it would "
-                             "measure nothing; try more candidate types or other prompt formats")
+                "(highest lowest accuracy), ties by the pair whose weaker type one model solves best")
+        _, reach, _, t1, t2 = max(able)
+        if reach <= 0:
+            raise SystemExit(f"zero-shot choice: no pair of {kept} is complementary beyond 2 standard errors, and "
+                             f"every pair holds a type neither model solves ({t1}, {t2} at best): a study on it "
+                             "would measure nothing; try more candidate types or other prompt formats")
     return {"extraction": ex, "formats": {m: {k: v for k, v in f.items() if k not in ("accuracy", "seconds")}
                                           for m, f in best["formats"].items()},
             "tasks": [t1, t2], "accuracy": {m: {t: acc[m][t] for t in (t1, t2)} for m in (a, b)},

@@ -431,7 +431,9 @@ def _zero_shot_table(study, acc):
 
 def test_the_real_pairs_formats_are_chosen_on_the_types_it_keeps(monkeypatch):
     """A type a constant answer solves is left out before anything is chosen: a format that is best
-    only on that type is not chosen; a pair in which one model solves none of a type is refused."""
+    only on that type is not chosen; a model that solves nothing zero-shot can still learn a type its peer
+    solves (the pair is taken, by the type the peer solves best); a pair with a type neither solves is
+    refused."""
     study = _real_small(monkeypatch)
     a, b, shortcut = list(study.CANDIDATES)[:3]
     acc = {"smollm2": [{a: 0.6, b: 0.2}, {a: 0.5, b: 0.1}],
@@ -439,8 +441,12 @@ def test_the_real_pairs_formats_are_chosen_on_the_types_it_keeps(monkeypatch):
     got = study.choose(_zero_shot_table(study, acc), {shortcut: 0.5}, n=100)
     assert got["formats"]["gemma3"] == study.FORMATS["gemma3"][1] and set(got["tasks"]) == {a, b}
     assert got["excluded_shortcut"] == {shortcut: 0.5}
-    never = {"smollm2": [{a: 0.6, b: 0.2}, {}], "gemma3": [{a: 0.3}, {}]}  # gemma3 solves no type but a
-    with pytest.raises(SystemExit, match="solves none"):
+    c = list(study.CANDIDATES)[3]
+    zero = {"smollm2": [{a: 0.3, b: 0.02, c: 0.03}, {}], "gemma3": [{}, {}]}  # the real pair: gemma3 solves nothing
+    got = study.choose(_zero_shot_table(study, zero), {shortcut: 0.5}, n=100)
+    assert set(got["tasks"]) == {a, c} and "ties by the pair" in got["rule"]  # c's 0.03 beats b's 0.02
+    never = {"smollm2": [{a: 0.6}, {}], "gemma3": [{a: 0.3}, {}]}  # every pair holds a type neither solves
+    with pytest.raises(SystemExit, match="neither model solves"):
         study.choose(_zero_shot_table(study, never), {shortcut: 0.5}, n=100)
 
 
