@@ -39,6 +39,7 @@ intervals.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -126,13 +127,26 @@ def _step_lr(lr: float, up: bool, nxt: Mapping[float, float] = GRID_NEXT) -> flo
     return below.get(lr, lr / 2)
 
 
+def interior_tie(scores: Mapping[str, Mapping[str, Any]], chosen: str, by_name: Mapping[str, tuple[str, float]],
+                 every: Sequence[float]) -> str | None:
+    """The candidate whose validation ties ``chosen``'s (an edge choice) at a rate strictly inside
+    ``every`` (the family's rates), the one nearest the rates' middle in log scale; None when none ties
+    (the edge is then the best alone and the rule extends the grid)."""
+    best = scores[chosen]["mean"]
+    mid = (math.log(every[0]) + math.log(every[-1])) / 2
+    inside = [(abs(math.log(lr) - mid), name) for name, (_, lr) in by_name.items()
+              if name != chosen and every[0] < lr < every[-1] and scores[name]["mean"] == best]
+    return min(inside)[1] if inside else None
+
+
 def tune_grid(study: Study, family: str, grid: dict[str, tuple[Callable[[float], Arm], list[float]]],
               seeds: Sequence[int], fixed: Sequence[Arm] = (), nxt: Mapping[float, float] = GRID_NEXT) -> Arm:
     """Tune ``family`` on validation over every variant's learning-rate list (``grid``: variant ->
     (its arm at a rate, the rates)) and the ``fixed`` candidates; while the choice sits at the top or
     the bottom of the family's rates, add the chosen variant at the next rate out (``nxt``: each rate's
     next one up; down, the reverse, else halving) and tune again (at most :data:`MAX_EXTENSIONS`
-    times). Records the grid and its extensions in the study's notes."""
+    times). A choice at an edge that ties a candidate inside the rates on validation is not at an edge:
+    the inside one is taken (:func:`interior_tie`). Records the grid and its extensions in the study's notes."""
     lrs = {v: sorted(rates) for v, (_, rates) in grid.items()}
     for extension in range(MAX_EXTENSIONS + 1):
         by_name = {grid[v][0](lr).name: (v, lr) for v in grid for lr in lrs[v]}
@@ -143,6 +157,13 @@ def tune_grid(study: Study, family: str, grid: dict[str, tuple[Callable[[float],
         variant, lr = by_name[chosen.name]
         every = sorted({r for rates in lrs.values() for r in rates})
         if lr not in (every[0], every[-1]):
+            break
+        tied = interior_tie(study.tuning[family]["candidates"], chosen.name, by_name, every)
+        if tied is not None:  # the best validation is reached inside the rates too: the choice is not at an edge
+            study.notes.append(f"{family}: {chosen.name} at an edge of the family's rates {every} ties {tied} inside "
+                               f"them on validation; {tied} chosen, the grid not extended")
+            chosen = next(c for c in cands if c.name == tied)
+            study.tuning[family]["chosen"] = tied
             break
         if extension == MAX_EXTENSIONS:  # the rates stay the ones trained: a miss the notes state
             study.notes.append(f"{family}: {chosen.name} still at an edge of the family's rates {every} after "

@@ -468,23 +468,50 @@ def test_a_grid_at_its_edge_after_the_last_extension_adds_no_rate_it_never_train
 
     from mutualrl.study import Arm
 
-    class Fake:
-        def __init__(self) -> None:
-            self.notes: list[str] = []
-            self.tuning: dict = {}
-            self.trained: set = set()
-
-        def tune(self, family, cands, seeds):
-            self.trained |= {c.name for c in cands}
-            self.tuning.setdefault(family, {})
-            return max(cands, key=lambda c: c.overrides["lr"])  # always the top rate
-
-    study = Fake()
+    study = _FakeTuning(lambda lr: lr)  # the higher the rate, the better: always the top
     chosen = mutual.tune_grid(study, "f", {"v": (lambda lr: Arm(f"v{lr:g}", "f", "baseline", {"lr": lr}), [1e-4])},
                               [0])
     rates = study.tuning["f"]["rates"]["v"]
     assert len(rates) == mutual.MAX_EXTENSIONS + 1 and {f"v{r:g}" for r in rates} == study.trained
     assert chosen.overrides["lr"] == max(rates) and "still at an edge" in study.notes[-1]
+
+
+class _FakeTuning:
+    """A study whose tune() scores each candidate by ``score(lr)`` and, like the harness, takes the
+    first of the best in the candidates' order (rates ascending)."""
+
+    def __init__(self, score) -> None:
+        self.notes: list[str] = []
+        self.tuning: dict = {}
+        self.trained: set = set()
+        self.score = score
+
+    def tune(self, family, cands, seeds):
+        self.trained |= {c.name for c in cands}
+        scores = {c.name: {"mean": self.score(c.overrides["lr"])} for c in cands}
+        chosen = max(cands, key=lambda c: scores[c.name]["mean"])
+        self.tuning[family] = {"candidates": scores, "chosen": chosen.name}
+        return chosen
+
+
+def test_an_edge_choice_that_ties_a_rate_inside_the_grid_takes_the_inside_one_and_extends_nothing(monkeypatch):
+    """Validation flat over the rates (few steps, a coarse split): the first of the best is the lowest
+    rate, an edge, but the same score inside the grid means the optimum is not beyond it: the inside
+    rate nearest the middle is chosen, no rate added; without a tie the edge is extended."""
+    _real_small(monkeypatch)  # benchmarks/ on the path
+    import mutual
+
+    from mutualrl.study import Arm
+
+    grid = {"v": (lambda lr: Arm(f"v{lr:g}", "f", "baseline", {"lr": lr}), [1e-5, 3e-5, 1e-4])}
+    flat = _FakeTuning(lambda lr: 0.5)
+    chosen = mutual.tune_grid(flat, "f", grid, [0])
+    assert chosen.overrides["lr"] == 3e-5 and flat.tuning["f"]["chosen"] == "v3e-05"
+    assert flat.trained == {"v1e-05", "v3e-05", "v0.0001"} and "ties v3e-05" in flat.notes[-1]
+    low = _FakeTuning(lambda lr: -lr)  # the lowest rate best alone, every time: extended down
+    assert mutual.tune_grid(low, "f", grid, [0]).overrides["lr"] < 1e-5 and len(low.trained) > 3
+    step = _FakeTuning(lambda lr: 0.9 if lr < 2e-5 else 0.5)  # extended once, then the new edge ties 1e-5
+    assert mutual.tune_grid(step, "f", grid, [0]).overrides["lr"] == 1e-5 and len(step.trained) == 4
 
 
 def test_a_control_matched_on_a_distill_run_spends_the_scoring_flops_in_own_samples(tiny_config, tmp_path,
