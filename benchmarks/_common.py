@@ -44,6 +44,10 @@ def target_points(text: str) -> float:
     from mutualrl.study.evidence import check_target
 
     try:
-        return check_target(float(text))
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    try:
+        return check_target(value)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc) if "points" in str(exc) else f"not a number: {text!r}") from None
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -326,8 +326,9 @@ def table_lines(result: Mapping[str, Any]) -> list[str]:
                                f" (trained tokens x{cmp['compute_match']['trained_tokens']:.2f})"))
     for e, cmp in result.get("efficiency", {}).items():
         lines += [_interval(f"efficiency {e} {k} ({v['baseline']})", v) for k, v in cmp.items()]
-    if evidence.target_text(result.get("target")):
-        lines.append("target " + evidence.target_text(result.get("target")))
+    verdict = evidence.target_text(result.get("target"))
+    if verdict:
+        lines.append(f"target {verdict}")
     return lines
 
 
