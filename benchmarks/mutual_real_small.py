@@ -518,7 +518,8 @@ def parser() -> argparse.ArgumentParser:
                     help="tune: the tuning rounds only; all: then the final seeds")
     ap.add_argument("--name", default="mutual_real_small")
     ap.add_argument("--quick", action="store_true",
-                    help="4 steps, 20 problems per type, one final seed (a smoke test; NAME_quick)")
+                    help="4 steps, 20 problems per type, one final seed (a smoke test; NAME_quick): the "
+                         "compute-match gate is shown, not applied (4 steps cannot match a per-step budget)")
     return ap
 
 
@@ -590,7 +591,7 @@ def main() -> None:
         study.arms = {a.name: a for a in tuned.arms()}
         study.write({**extra, "phase": "tune"}, report=False)
         return
-    mutual.check_inside_match(study, tuned.held, tuned.best, args.tune)  # the plan's gate, before any final seed
+    mutual.check_inside_match(study, tuned.held, tuned.best, args.tune, smoke=args.quick)  # the plan's gate
     name = f"{mutual.FINAL_MATCHED}_more_samples" if tuned.fallback else mutual.FINAL_MATCHED
     headline = mutual.final_round(study, tuned.arms(), args.final, args.chunk, name=name,
                                   match=tuned.match if tuned.fallback else None)

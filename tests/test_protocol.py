@@ -589,7 +589,8 @@ def test_the_final_runs_test_split_is_checked_fresh_before_any_final_seed(monkey
 
 def test_the_gate_stops_before_the_final_seeds_when_the_matched_control_is_outside(tmp_path, monkeypatch):
     """mutual.check_inside_match: a matched control within 10 % either way of the sharing arm on
-    every policy passes (noted); one policy 12 % short in FLOPs stops the study, naming the control."""
+    every policy passes (noted); one policy 12 % short in FLOPs stops the study, naming the control (a
+    smoke test notes it and goes on)."""
     import json
 
     _real_small(monkeypatch)  # benchmarks/ on the path
@@ -616,6 +617,8 @@ def test_the_gate_stops_before_the_final_seeds_when_the_matched_control_is_outsi
     with pytest.raises(SystemExit, match="short is not inside the compute match"):
         mutual.check_inside_match(s, short, best, [0])
     assert "OUTSIDE" in s.notes[-1] and "0.88" in s.notes[-1]
+    mutual.check_inside_match(s, short, best, [0], smoke=True)  # a smoke test shows the verdict and goes on
+    assert "OUTSIDE" in s.notes[-2] and "smoke test" in s.notes[-1]
 
 
 def test_a_study_run_watches_the_study_that_started_it(monkeypatch, tmp_path):
