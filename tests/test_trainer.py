@@ -185,3 +185,19 @@ def test_cli_train_writes_a_run_directory(tiny_models, digits_file, tmp_path, ca
     train = [r for r in _read_metrics(out) if r.get("event") is None]
     assert len(train) == 2 and all("sgt_rescue" in r for r in train)
     assert latest_checkpoint(out) is not None
+
+
+def test_a_control_on_a_schedule_takes_no_optimizer_step_where_its_entry_is_zero(tiny_models, digits_file, tmp_path):
+    """``sharing.self_imitate.match_schedule`` end to end: the run's step ``t`` reads entry ``t`` (a dense
+    reward makes every step trainable), so a 0 entry leaves that step without rows or an optimizer
+    step, and the others train."""
+    cfg = _config(tiny_models, digits_file, "self_imitate")
+    cfg["steps"], cfg["checkpoint_every"], cfg["eval_every"] = 3, 3, 3
+    cfg["sharing"]["self_imitate"] = {"match_schedule": [1000, 0, 1000], "match_ceiling": True}
+    run_dir = tmp_path / "run"
+    MutualTrainer(cfg, run_dir, progress=False).train()
+    train = [r for r in _read_metrics(run_dir) if r.get("event") is None]
+    steps = {(r["step"], r["policy"]): (r["optimizer_steps"], r["train_tokens"]) for r in train}
+    for p in ("a", "b"):
+        assert steps[(1, p)] == (0, 0)
+        assert steps[(0, p)][0] == 1 and steps[(0, p)][1] > 0 and steps[(2, p)][0] == 1

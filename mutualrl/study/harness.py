@@ -304,20 +304,33 @@ class Study:
         the per-step budget a control matched on that run takes (:meth:`matched_overrides`)."""
         return {p: round(v) for p, v in self.per_step_by_policy(arm, [seed], key).items()}
 
+    def policy_schedule(self, arm: Arm, seed: int, key: str = "train_tokens") -> dict[str, list[int]]:
+        """Per policy, step metric ``key`` of ``arm``'s run on ``seed`` step by step (its record, in step
+        order): the per-step budgets a control matched on that run step by step takes
+        (``sharing.self_imitate.match_schedule``, :meth:`matched_overrides`)."""
+        (run,) = self.records(arm, [seed])
+        steps = sorted(run["steps"], key=lambda s: int(s["step"]))
+        return {p: [round(float(s.get(key, 0))) for s in steps if s["policy"] == p] for p in run["policies"]}
+
     def matched_overrides(self, seed: int, step: str, budget: Mapping[str, int],
-                          generations: Mapping[str, int] | None = None) -> dict[str, Any]:
+                          generations: Mapping[str, int] | None = None,
+                          schedule: Mapping[str, list[int]] | None = None) -> dict[str, Any]:
         """Overrides giving each policy of the base config its own ``sharing.<step>.match_tokens`` from
         ``budget`` (policy name -> tokens a step): per-policy overrides, merged into the policies list. A
         budget under one token (a policy that trained nothing in the run matched) gives 1, since
         ``match_tokens`` 0 means no limit: its control adds at most one row a step. ``generations``
         (policy name -> samples a prompt, :meth:`scoring_samples`) sets those policies'
-        ``grpo.num_generations``."""
+        ``grpo.num_generations``; ``schedule`` (policy name -> tokens step by step,
+        :meth:`policy_schedule`) their ``sharing.<step>.match_schedule``."""
         pols = [dict(p) for p in self.base_config(seed)["policies"]]
         missing = [p["name"] for p in pols if p["name"] not in budget]
         if missing:
             raise StudyError(f"no token budget for {', '.join(missing)} (budgets for {', '.join(budget)})")
         for p in pols:
-            p["sharing"] = deep_merge(p.get("sharing", {}), {step: {"match_tokens": max(1, int(budget[p["name"]]))}})
+            block: dict[str, Any] = {"match_tokens": max(1, int(budget[p["name"]]))}
+            if schedule and p["name"] in schedule:
+                block["match_schedule"] = [int(v) for v in schedule[p["name"]]]
+            p["sharing"] = deep_merge(p.get("sharing", {}), {step: block})
             if generations and p["name"] in generations:
                 p["grpo"] = deep_merge(p.get("grpo", {}), {"num_generations": int(generations[p["name"]])})
         return {"policies": pols}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mutualrl.algorithms.context import StepSource
 from mutualrl.algorithms.registry import OWN_GROUPS, RowKind
@@ -44,6 +44,8 @@ from mutualrl.algorithms.sharing import (
 from mutualrl.config.schema import bounded
 from mutualrl.errors import ConfigError
 
+MAX_SCHEDULE = 1_000_000
+"""``match_schedule`` entries, at most (one per step)."""
 IMITATE = "imitate"
 """The row kind of imitate's likelihood rows (peer successes and the learner's own)."""
 SELF_IMITATE = "self_imitate"
@@ -102,9 +104,24 @@ class SelfImitateSettings:
     to spend a sharing arm's scoring FLOPs has more informative groups, and would otherwise train more."""
     replay_steps: int = bounded(0, ge=0)
     """How many earlier steps ``extra_rows`` may come from."""
+    match_schedule: list[int] = field(default_factory=list)
+    """Per step, the tokens that step may train (entry ``t`` for step ``t``; past its end,
+    ``match_tokens``): the matched arm's own trained tokens step by step (a study sets it per policy),
+    so the control trains on the steps that arm trained on, and about as much. An entry of 0 trains
+    nothing that step (no row at all: no optimizer step); any other is that step's budget as
+    ``match_tokens`` is (a ceiling too with ``match_ceiling``)."""
 
     def __post_init__(self) -> None:
         _needs_replay(self.extra_rows, self.replay_steps, "sharing.self_imitate.extra_rows")
+        bad = next((i for i, v in enumerate(self.match_schedule)
+                    if isinstance(v, bool) or not isinstance(v, int) or v < 0), None)
+        if bad is not None:
+            raise ConfigError(f"sharing.self_imitate.match_schedule[{bad}]",
+                              f"{self.match_schedule[bad]!r}: each entry is a step's token budget, an integer >= 0 "
+                              "(0: the step trains nothing)")
+        if len(self.match_schedule) > MAX_SCHEDULE:
+            raise ConfigError("sharing.self_imitate.match_schedule",
+                              f"{len(self.match_schedule)} entries: at most {MAX_SCHEDULE} (one per step)")
 
 
 def _needs_replay(rows: int, replay_steps: int, field: str) -> None:
@@ -121,9 +138,21 @@ def _gather_imitate(source: StepSource, s: ImitateSettings) -> Replay | None:
     return gather_replay(source, s.replay_steps) if s.replay_steps else None
 
 
-def _gather_self_imitate(source: StepSource, s: SelfImitateSettings) -> Replay | None:
-    """The last ``replay_steps`` steps when ``extra_rows`` asks for earlier own successes."""
-    return gather_replay(source, s.replay_steps) if s.extra_rows and s.replay_steps else None
+@dataclass
+class SelfImitateStep:
+    """What ``self_imitate`` gathers before its batch: the earlier steps its extra rows come from, and
+    this step's token budget (``match_schedule``'s entry; None: ``match_tokens``)."""
+
+    replay: Replay = field(default_factory=Replay)
+    budget: int | None = None
+
+
+def _gather_self_imitate(source: StepSource, s: SelfImitateSettings) -> SelfImitateStep:
+    """The last ``replay_steps`` steps when ``extra_rows`` asks for earlier own successes, and this step's
+    entry of ``match_schedule``."""
+    replay = gather_replay(source, s.replay_steps) if s.extra_rows and s.replay_steps else Replay()
+    budget = s.match_schedule[source.step] if 0 <= source.step < len(s.match_schedule) else None
+    return SelfImitateStep(replay, budget)
 
 
 @register_strategy("imitate", settings=ImitateSettings,
@@ -178,12 +207,17 @@ def imitate(ctx: ShareContext, batch: TrainBatch, s: ImitateSettings) -> None:
 def self_imitate(ctx: ShareContext, batch: TrainBatch, s: SelfImitateSettings) -> None:
     """The control of ``imitate``: its own-success rows alone, no peer row (what self-imitation gives
     without sharing); with ``extra_rows``, own successes of earlier steps besides."""
+    gathered: SelfImitateStep = ctx.gathered.get("self_imitate") or SelfImitateStep()
+    budget = s.match_tokens if gathered.budget is None else gathered.budget
+    if gathered.budget == 0:  # the matched arm trained nothing this step: neither does its control
+        batch.metrics["self_imitate_rows_left_out"] = len(batch.rows)
+        batch.rows = []
+        return
     rows = [row for g in ctx.groups if (row := own_success_row(g, s.weight, SELF_IMITATE)) is not None]
     batch.rows.extend(rows)
-    if s.match_ceiling and s.match_tokens:
-        batch.metrics["self_imitate_groups_left_out"] = _within_budget(ctx, batch, s.match_tokens)
-    extra = _own_replay(ctx, batch, ctx.gathered.get("self_imitate") or Replay(), s.weight, SELF_IMITATE,
-                        s.extra_rows, s.match_tokens)
+    if s.match_ceiling and budget:
+        batch.metrics["self_imitate_groups_left_out"] = _within_budget(ctx, batch, budget)
+    extra = _own_replay(ctx, batch, gathered.replay, s.weight, SELF_IMITATE, s.extra_rows, budget)
     batch.metrics["imitate_own"] = len(rows)
     batch.metrics["self_imitate_extra"] = extra
 
