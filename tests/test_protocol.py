@@ -646,10 +646,11 @@ def _flops_record(runs, arm: str, per_policy: dict) -> None:
     sampling, scoring, update FLOPs)."""
     import json
 
-    steps = [{"policy": p, "train_tokens": t, "optimizer_steps": o, "gen_tokens": 10, "flops_sampling": fs,
+    steps = [{"policy": p, "step": 0, "train_tokens": t, "optimizer_steps": o, "gen_tokens": 10, "flops_sampling": fs,
               "flops_scoring": fc, "flops_update": fu} for p, (t, o, fs, fc, fu) in per_policy.items()]
     (runs / f"{arm}-seed0.json").write_text(json.dumps(
-        {"arm": arm, "seed": 0, "policies": list(per_policy), "steps": steps}))
+        {"arm": arm, "seed": 0, "policies": list(per_policy), "steps": steps,
+         "evals": [{"policy": p, "step": 1, "val_acc": 0.25} for p in per_policy]}))
 
 
 def test_the_gate_judges_a_short_policy_on_flops_alone_and_says_so(tmp_path, monkeypatch):
@@ -659,7 +660,7 @@ def test_the_gate_judges_a_short_policy_on_flops_alone_and_says_so(tmp_path, mon
     _real_small(monkeypatch)
     import mutual
 
-    from mutualrl.study import Arm, Study
+    from mutualrl.study import Arm, Study, evidence
 
     s = Study("t", lambda seed: {}, tmp_path / "runs", results=tmp_path)
     runs = tmp_path / "t_runs"
@@ -672,7 +673,10 @@ def test_the_gate_judges_a_short_policy_on_flops_alone_and_says_so(tmp_path, mon
     with pytest.raises(SystemExit):  # strictly, b's tokens and steps are outside
         mutual.check_inside_match(s, fed, best, [0])
     mutual.check_inside_match(s, fed, best, [0], flops_only=["b"])
-    assert "inside the match (b judged on FLOPs alone; on all three: outside)" in s.notes[-1]
+    assert "inside the gate's terms (b judged on FLOPs alone), OUTSIDE the match on all three" in s.notes[-1]
+    ratios = {k: v for k, v in evidence.policy_ratios(s.records(fed, [0]) + s.records(best, [0]), "fed",
+                                                        "best").items() if k != "flops"}
+    assert not mutual.flops_only_inside(ratios, ["b"])  # a FLOPs-only policy without a FLOPs ratio is outside
     with pytest.raises(SystemExit, match="starved is not inside"):
         mutual.check_inside_match(s, starved, best, [0], flops_only=["b"])
     with pytest.raises(SystemExit, match="other is not inside"):  # a is judged on all three
@@ -690,18 +694,65 @@ def test_the_fallback_samples_spend_the_short_policys_flops(tmp_path, monkeypatc
     s = Study("t", lambda seed: {}, tmp_path / "runs", results=tmp_path)
     runs = tmp_path / "t_runs"
     runs.mkdir()
-    best, own = Arm("best", "x", "sharing", {}), Arm("own", "x", "baseline", {})
+    best = Arm("best", "x", "sharing", {})
     # gemma: sampling 2e8, scoring 1e8, update 9e8 in the sharing arm; its control's update 1e8: 4 x 11/2 = 22
     _flops_record(runs, "best", {"smol": (100, 1, 4e8, 0.0, 4e8), "gemma": (120, 1, 2e8, 1e8, 9e8)})
-    _flops_record(runs, "own", {"smol": (100, 1, 4e8, 0.0, 4e8), "gemma": (20, 1, 2e8, 0.0, 1e8)})
-    assert rs.fallback_samples(s, best, own, 0, [0], 4, ["gemma"]) == {"gemma": 22}
-    assert rs.fallback_samples(s, best, own, 0, [0], 4, ["smol"]) == {"smol": 4}  # update spent alike: no more
+    assert rs.fallback_samples(s, best, {"gemma": 1e8}, 0, 4) == {"gemma": 22}
+    assert rs.fallback_samples(s, best, {"smol": 4e8}, 0, 4) == {"smol": 4}  # update spent alike: no more
     _flops_record(runs, "best", {"smol": (100, 1, 4e8, 0.0, 4e8), "gemma": (120, 1, 1e7, 0.0, 9e8)})
-    assert rs.fallback_samples(s, best, own, 0, [0], 4, ["gemma"]) == {"gemma": rs.MAX_SAMPLES}
+    assert rs.fallback_samples(s, best, {"gemma": 1e8}, 0, 4) == {"gemma": rs.MAX_SAMPLES}
     over = {"policies": [{"name": "smol"}, {"name": "gemma", "grpo": {"num_generations": 30}}]}
     out = rs.more_samples(over, {"gemma": 22})
     assert out["policies"][1]["grpo"]["num_generations"] == 30 and "grpo" not in out["policies"][0]
     assert rs.more_samples(over, {"gemma": 31})["policies"][1]["grpo"]["num_generations"] == 31
+
+
+def test_the_fallback_replaces_the_chosen_control_resizes_once_and_overrides_what_it_says(tmp_path, monkeypatch):
+    """Amendment 5 end to end on synthetic runs (a fake ``Study.run`` whose FLOPs grow with the samples):
+    a policy under half its budget is FLOPs-only; the fallback is sized with the chosen candidate's
+    update, found outside the FLOPs match, sized once more with its own update and run as ``_resized``
+    (never a third time); it becomes the matched control (the tuning record says so), and its overrides
+    on a seed carry the schedule, the samples and, for the FLOPs-only policy alone, no ceiling."""
+    rs = _real_small(monkeypatch)
+
+    from mutualrl.study import Arm, Study
+
+    base = {"policies": [{"name": "smol"}, {"name": "gemma"}], "grpo": {"num_generations": 4}}
+    s = Study("t", lambda seed: base, tmp_path / "runs", results=tmp_path)
+    runs = tmp_path / "t_runs"
+    runs.mkdir()
+    ran: list[str] = []
+
+    def fake_run(pairs):  # gemma: 0.5e8 FLOPs a sample, and its update grows with what it samples
+        for arm, seed in pairs:
+            n = next((p["grpo"]["num_generations"] for p in arm.seed_overrides[seed]["policies"]
+                      if p["name"] == "gemma" and "grpo" in p), 4)
+            ran.append(arm.name)
+            _flops_record(runs, arm.name, {"smol": (100, 1, 4e8, 0.0, 4e8),
+                                           "gemma": (20, 1, 0.5e8 * n, 0.0, 1e8 + 0.3e8 * (n - 4))})
+
+    monkeypatch.setattr(s, "run", fake_run)
+    best, held = Arm("best", "x", "sharing", {}), Arm("held", "matched", "baseline", {"sharing": {}})
+    _flops_record(runs, "best", {"smol": (100, 1, 4e8, 0.0, 4e8), "gemma": (120, 1, 2e8, 0.0, 9e8)})
+    _flops_record(runs, "held", {"smol": (100, 1, 4e8, 0.0, 4e8), "gemma": (20, 1, 2e8, 0.0, 1e8)})
+    s.tuning["matched"] = {"chosen": "held"}
+    budgets = {0: s.policy_budget(best, 0)}
+    tuned = rs.Tuned(s, held, held, best, held, rs.short_policies(s, held, budgets), 4)
+    assert tuned.short == ["gemma"]
+    tuned = rs.with_fallback(tuned, s, [0], budgets)
+    # first 4 x (11 - 1) / 2 = 20 samples: 10e8 + 5.8e8 FLOPs, 1.44x: outside; then 4 x (11 - 5.8) / 2 = 10
+    assert ran == ["held_more_samples", "held_more_samples_resized"] and tuned.held.name == ran[-1]
+    assert tuned.flops_only == ["gemma"] and tuned.fallback
+    assert s.tuning["matched"]["chosen"] == ran[-1] and s.tuning["matched"]["chosen_on_validation"] == "held"
+    assert s.tuning["matched"]["fallback"]["samples"] == {0: {"gemma": 10}}
+    assert tuned.update == {"gemma": pytest.approx(2.8e8)}  # the resized fallback's own, for the final seeds
+    over = tuned.match(0, budgets[0])["policies"]
+    smol, gemma = over
+    assert gemma["grpo"]["num_generations"] == round(4 * (11e8 - 2.8e8) / 2e8)
+    assert gemma["sharing"]["self_imitate"]["match_ceiling"] is False
+    assert "match_ceiling" not in smol["sharing"]["self_imitate"] and "grpo" not in smol
+    assert smol["sharing"]["self_imitate"]["match_schedule"] == [100]
+    assert gemma["sharing"]["self_imitate"]["match_schedule"] == [120]
 
 
 def test_a_study_run_watches_the_study_that_started_it(monkeypatch, tmp_path):

@@ -308,9 +308,19 @@ class Study:
         """Per policy, step metric ``key`` of ``arm``'s run on ``seed`` step by step (its record, in step
         order): the per-step budgets a control matched on that run step by step takes
         (``sharing.self_imitate.match_schedule``, :meth:`matched_overrides`)."""
-        (run,) = self.records(arm, [seed])
-        steps = sorted(run["steps"], key=lambda s: int(s["step"]))
-        return {p: [round(float(s.get(key, 0))) for s in steps if s["policy"] == p] for p in run["policies"]}
+        runs = self.records(arm, [seed])
+        if len(runs) != 1:
+            raise StudyError(f"{arm.name} on seed {seed}: {len(runs)} records, one needed for a schedule")
+        run = runs[0]
+        out: dict[str, list[int]] = {}
+        for p in run["policies"]:
+            by_step = {int(s["step"]): s for s in run["steps"] if s["policy"] == p}
+            if sorted(by_step) != list(range(len(by_step))) or len(by_step) != sum(
+                    1 for s in run["steps"] if s["policy"] == p):
+                raise StudyError(f"{arm.name} on seed {seed}: {p}'s steps are not 0..n-1 once each (a torn or "
+                                 "duplicated metrics row); its schedule would shift: run it again")
+            out[p] = [round(float(by_step[t].get(key, 0))) for t in range(len(by_step))]
+        return out
 
     def matched_overrides(self, seed: int, step: str, budget: Mapping[str, int],
                           generations: Mapping[str, int] | None = None,

@@ -19,7 +19,7 @@ STEP_KEYS = ("reward_mean", "train_acc", "train_tokens", "optimizer_steps", "gen
              "step_s", "informative_group_frac", "zero_var_group_frac", "imitate_rescue", "imitate_own",
              "self_imitate_extra", "imitate_own_extra", "imitate_replayed", "sgt_rescue", "prp_peer_samples",
              "resample_rounds", "flops_sampling", "flops_scoring", "flops_update", "distill_rows",
-             "distill_gate_open", "self_imitate_groups_left_out")
+             "distill_gate_open", "self_imitate_groups_left_out", "self_imitate_rows_left_out")
 """The per-step metrics a compact run keeps (besides step and policy)."""
 
 
