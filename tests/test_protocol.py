@@ -770,7 +770,7 @@ def test_a_study_run_watches_the_study_that_started_it(monkeypatch, tmp_path):
     assert watched == [4242, os.getppid()] and ran == [(tmp_path / "r", True), (tmp_path / "r", False)]
     import inspect
 
-    assert '"--parent", str(os.getpid())' in inspect.getsource(harness.Study.run)
+    assert '"--parent", str(os.getpid())' in inspect.getsource(harness.Study._launch)
 
 
 def test_the_retired_matched_control_is_noted_beside_the_headline_not_in_it(tmp_path, monkeypatch):

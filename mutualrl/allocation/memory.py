@@ -241,6 +241,26 @@ def machine_bytes() -> int:
     return total
 
 
+def available_bytes() -> int | None:
+    """What this machine can still give without swapping (``MemAvailable``; less, where a cgroup limit
+    leaves less: its limit minus its usage); None where neither can be read (not Linux)."""
+    have: list[int] = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                have.append(int(line.split()[1]) * 1024)
+                break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            have.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text().strip()))
+    except (OSError, ValueError):
+        pass
+    return min(have) if have else None
+
+
 def cpu_allowances(resident: list[int], concurrent: bool, total: int | None = None,
                    headroom: float = CPU_HEADROOM) -> list[int]:
     """Each policy's bytes on a CPU machine (or one process's GPU): its resident bytes plus its part

@@ -25,15 +25,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mutualrl.allocation.memory import available_bytes, gib, machine_bytes
 from mutualrl.run.progress import Progress
 from mutualrl.study.aggregate import (
     StudyError,
@@ -60,6 +63,15 @@ ROLES = ("baseline", "sharing", "matched_sharing", "efficiency", "half_baseline"
 each policy's compute in the strongest baseline: reported against it, not a candidate for the best
 arm), ``efficiency`` (sharing at a smaller own budget) or ``half_baseline`` (single model at that
 budget)."""
+
+
+MEMORY_FLOOR = 0.08
+"""While several runs go at once, the share of the machine's RAM that must stay available: below it the
+study stops its youngest run (it resumes later, one fewer at once) before the kernel's OOM killer
+picks one. A sudden jump passes it before a poll sees it: two real-model runs of
+``benchmarks/mutual_real_small.py`` hold ~8 GiB each until Gemma-3's first update (its few successes can
+delay it past the middle of a run) allocates its gradients and optimizer state, ~12 GiB after: two
+such jumps pass a 24 GB machine, and the OOM killer's SIGKILL is then what the study answers."""
 
 
 class RunFailed(RuntimeError):
@@ -137,6 +149,10 @@ class Study:
     """Run directories this study process trained (a later round reuses them even without ``reuse``)."""
     _counted: set[Path] = field(default_factory=set)
     """Run directories counted on the progress display (trained or reused: once each)."""
+    _memory_cap: int | None = None
+    """Runs at once memory allows, once a run was stopped or killed for it (:meth:`run`); None: no cap."""
+    _killed: set[Path] = field(default_factory=set)
+    """Run directories whose run a SIGKILL ended once beside others (run again; a second time fails)."""
     _finder: RecordFinder | None = None
 
     @property
@@ -205,39 +221,88 @@ class Study:
         return d, resume
 
     def run(self, pairs: Iterable[tuple[Arm, int]]) -> None:
-        """Train every (arm, seed) not yet recorded, ``jobs`` at a time; record each compactly."""
-        todo = []
+        """Train every (arm, seed) not yet recorded, ``jobs`` at a time; record each compactly.
+
+        Memory: while several runs go at once, a machine left with less than :data:`MEMORY_FLOOR` of
+        its RAM available stops the youngest run before the kernel's OOM killer picks one, and a run
+        killed by a signal the OOM killer sends (SIGKILL) while others ran beside it is taken as one it
+        picked; either way the run goes back to the queue (it resumes from its last checkpoint) and the
+        study runs one fewer at once from then on, saying so. A run that fails alone stops the study."""
+        from mutualrl.run.checkpoint import latest_checkpoint
+
+        queue: deque[tuple[Arm, int, Path, bool]] = deque()
         for arm, seed in pairs:
             prepared = self._prepare(arm, seed)
             if prepared is not None:
-                todo.append((arm, seed, *prepared))
+                queue.append((arm, seed, *prepared))
         threads = max(1, (os.cpu_count() or 1) // max(1, self.jobs))
-        at_once = max(1, min(self.parallel or self.jobs, self.jobs))  # more than jobs would oversubscribe
         running: list[_Running] = []
-        for arm, seed, d, resume in todo:
-            while len(running) >= at_once:
-                running = self._reap(running)
-                if len(running) >= at_once:
-                    time.sleep(1)
-            cmd = [sys.executable, "-m", "mutualrl.study.one", str(d), "--parent", str(os.getpid())] + (
-                ["--resume"] if resume else [])
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-            self.say(f"{arm.name} seed {seed}{' (resumed)' if resume else ''} -> {d}")
-            with log_path(d).open("ab") as log:  # the child holds its own descriptor for its whole life
-                running.append(_Running(arm, seed, d, subprocess.Popen(cmd, env=env, stdout=log, stderr=log)))
-        while running:
-            running = self._reap(running)
-            if running:
+        while queue or running:
+            if queue and len(running) < self._at_once():
+                arm, seed, d, resume = queue.popleft()
+                running.append(self._launch(arm, seed, d, resume, threads))
+                continue
+            running, again = self._reap(running)
+            stopped = self._guard_memory(running)
+            if stopped is not None:
+                running.remove(stopped)
+                again.append(stopped)
+            for r in reversed(again):  # first in the queue: they had started before the waiting ones
+                resume = latest_checkpoint(r.run_dir) is not None
+                if resume or self._prepare(r.arm, r.seed) is not None:  # no checkpoint yet: afresh
+                    queue.appendleft((r.arm, r.seed, r.run_dir, resume))
+            if running and not again:
                 time.sleep(1)
 
-    def _reap(self, running: list[_Running]) -> list[_Running]:
+    def _at_once(self) -> int:
+        """Runs at once: ``parallel`` (default ``jobs``; never more than ``jobs``, which would
+        oversubscribe the cores), fewer once memory has stopped a run (:meth:`run`)."""
+        at_once = max(1, min(self.parallel or self.jobs, self.jobs))
+        return at_once if self._memory_cap is None else max(1, min(at_once, self._memory_cap))
+
+    def _launch(self, arm: Arm, seed: int, d: Path, resume: bool, threads: int) -> _Running:
+        cmd = [sys.executable, "-m", "mutualrl.study.one", str(d), "--parent", str(os.getpid())] + (
+            ["--resume"] if resume else [])
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        self.say(f"{arm.name} seed {seed}{' (resumed)' if resume else ''} -> {d}")
+        with log_path(d).open("ab") as log:  # the child holds its own descriptor for its whole life
+            return _Running(arm, seed, d, subprocess.Popen(cmd, env=env, stdout=log, stderr=log))
+
+    def _fewer_at_once(self, running: int, why: str) -> None:
+        self._memory_cap = max(1, running - 1)
+        self.say(f"{why}; at most {self._memory_cap} run(s) at once from now on (the stopped run resumes from its "
+                 "last checkpoint; --parallel sets this from the start)")
+
+    def _guard_memory(self, running: list[_Running]) -> _Running | None:
+        """The youngest of several runs, stopped, when the machine has less than :data:`MEMORY_FLOOR` of
+        its RAM available; None otherwise (one run alone is never stopped: nothing else to give way)."""
+        if len(running) < 2:
+            return None
+        have, total = available_bytes(), machine_bytes()
+        if have is None or have >= MEMORY_FLOOR * total:
+            return None
+        young = running[-1]
+        young.proc.terminate()
+        young.proc.wait()
+        self._fewer_at_once(len(running), f"memory: {gib(have)} of {gib(total)} available with {len(running)} runs "
+                            f"at once; {young.arm.name} seed {young.seed} stopped before the OOM killer picks one")
+        return young
+
+    def _reap(self, running: list[_Running]) -> tuple[list[_Running], list[_Running]]:
         """Record every run that finished (at once, so that a study stopped later keeps it); stop the
-        study at the first failed run, terminating the others (a rerun would race them)."""
-        left = []
+        study at the first failed run, terminating the others (a rerun would race them). Returns the
+        runs still going and those to run again: killed by SIGKILL (the OOM killer's signal) while
+        others ran beside them."""
+        left, again = [], []
         for r in running:
             code = r.proc.poll()
             if code is None:
                 left.append(r)
+            elif code == -signal.SIGKILL and len(running) > 1 and r.run_dir not in self._killed:
+                self._killed.add(r.run_dir)  # once: a run killed again is a failure
+                again.append(r)
+                self._fewer_at_once(len(running), f"{r.arm.name} seed {r.seed} was killed (SIGKILL, the OOM "
+                                    f"killer's signal) with {len(running)} runs at once")
             elif code != 0:
                 for other in running:
                     if other.proc.poll() is None:
@@ -251,7 +316,7 @@ class Study:
                 if not self.keep_checkpoints:  # the record is what the study reads; a real model's are GBs
                     shutil.rmtree(r.run_dir / "checkpoints", ignore_errors=True)
                 self._advance(r.run_dir, f"{r.arm.name} seed {r.seed} recorded")
-        return left
+        return left, again
 
     def _same_spec(self, d: Path, cfg: dict[str, Any]) -> bool:
         try:
