@@ -14,25 +14,30 @@ from mutualrl.study import Arm, Study, harness
 class FakeRun:
     """A run process that finishes after ``polls`` polls with ``code`` (or is terminated first)."""
 
-    def __init__(self, cmd: list[str], plan: dict[str, list[tuple[int, int]]], log: list[tuple[str, bool]]) -> None:
+    def __init__(self, cmd: list[str], state: dict) -> None:
         self.name = Path(cmd[3]).name
-        self.resumed = "--resume" in cmd
-        self.polls, self.code = plan[self.name].pop(0)
+        self.polls, self.code = state["plan"][self.name].pop(0)
         self.returncode: int | None = None
-        log.append((self.name, self.resumed))
+        self.live = state["live"]
+        self.live.add(self.name)
+        state["launched"].append((self.name, "--resume" in cmd))
+
+    def _end(self, code: int) -> None:
+        self.returncode = code
+        self.live.discard(self.name)
 
     def poll(self) -> int | None:
         if self.returncode is None:
             self.polls -= 1
             if self.polls <= 0:
-                self.returncode = self.code
+                self._end(self.code)
         return self.returncode
 
     def terminate(self) -> None:
         if self.returncode is None:
-            self.returncode = -signal.SIGTERM
+            self._end(-signal.SIGTERM)
 
-    def wait(self) -> int | None:
+    def wait(self, timeout: float | None = None) -> int | None:
         return self.returncode
 
 
@@ -40,8 +45,8 @@ class FakeRun:
 def fake_study(monkeypatch, tmp_path):
     """A two-job study whose runs are :class:`FakeRun` processes, its state and a maker of another:
     ``state['available']`` is the memory available (of 100; or a function), ``state['plan']`` each
-    run's launches (polls, exit code), ``state['launched']`` what started, ``state['checkpoint']``
-    the runs that have one."""
+    run's launches (polls, exit code), ``state['launched']`` what started, ``state['live']`` what
+    runs now, ``state['checkpoint']`` the runs that have one."""
     from mutualrl.run import checkpoint
 
     states: list[dict] = []
@@ -53,12 +58,13 @@ def fake_study(monkeypatch, tmp_path):
     monkeypatch.setattr(harness, "machine_bytes", lambda: 100)
     monkeypatch.setattr(harness.time, "sleep", lambda s: None)
     monkeypatch.setattr(harness.subprocess, "Popen",
-                        lambda cmd, **kw: FakeRun(cmd, states[-1]["plan"], states[-1]["launched"]))
+                        lambda cmd, **kw: FakeRun(cmd, states[-1]))
     monkeypatch.setattr(checkpoint, "latest_checkpoint",
                         lambda d: Path(d) / "checkpoints" / "step_20" if Path(d).name in states[-1]["checkpoint"] else None)
 
     def fresh() -> tuple[Study, dict]:
-        state: dict = {"available": 100, "plan": {}, "launched": [], "recorded": [], "checkpoint": set()}
+        state: dict = {"available": 100, "plan": {}, "launched": [], "recorded": [], "checkpoint": set(),
+                       "live": set()}
         states.append(state)
         study = Study("t", lambda seed: {"seed": seed}, tmp_path / f"runs{len(states)}", results=tmp_path, jobs=2)
 
@@ -79,31 +85,33 @@ def test_low_memory_stops_the_youngest_run_which_resumes_later_one_at_a_time(fak
     arms = [Arm(n, "f", "baseline") for n in ("a", "b", "c")]
     state["plan"] = {"a-seed0": [(5, 0)], "b-seed0": [(50, 0), (3, 0)], "c-seed0": [(3, 0)]}
     state["checkpoint"] = {"b-seed0"}
-    polls = {"n": 0}
-
-    def available() -> int:  # short of memory once, while a and b both run
-        polls["n"] += 1
-        return 5 if polls["n"] == 2 else 100
-
-    state["available"] = available
+    state["available"] = lambda: 5 if {"a-seed0", "b-seed0"} <= state["live"] else 100  # short while both run
     study.run((arm, 0) for arm in arms)
     # b, the younger of the two, is stopped and resumed from its checkpoint before c starts; after
-    # the stop one run goes at a time (c starts only when b has finished)
+    # the stop one run goes at a time (b again only once a has finished, c once b has)
     assert state["launched"] == [("a-seed0", False), ("b-seed0", False), ("b-seed0", True), ("c-seed0", False)]
     assert sorted(state["recorded"]) == ["a-seed0", "b-seed0", "c-seed0"]
     assert study._at_once() == 1
 
 
+def test_a_run_that_ends_as_memory_runs_short_is_recorded_not_stopped(fake_study):
+    study, state, _ = fake_study
+    state["plan"] = {"a-seed0": [(9, 0)], "b-seed0": [(2, 0)]}  # b ends on the guard's own poll
+    state["available"] = 5
+    study.run((Arm(n, "f", "baseline"), 0) for n in ("a", "b"))
+    assert state["launched"] == [("a-seed0", False), ("b-seed0", False)]
+    assert sorted(state["recorded"]) == ["a-seed0", "b-seed0"] and study._memory_cap is None
+
+
 def test_a_single_run_is_never_stopped_for_memory(fake_study):
     study, state, _ = fake_study
-    study.jobs = 1
     state["available"] = 1
     state["plan"] = {"a-seed0": [(4, 0)]}
-    study.run([(Arm("a", "f", "baseline"), 0)])
+    study.run([(Arm("a", "f", "baseline"), 0)])  # two jobs, one run
     assert state["launched"] == [("a-seed0", False)] and state["recorded"] == ["a-seed0"]
 
 
-def test_a_run_the_oom_killer_took_beside_another_runs_again_once_then_fails(fake_study):
+def test_a_run_the_oom_killer_took_beside_another_runs_again_once(fake_study):
     study, state, fresh = fake_study
     arms = [Arm(n, "f", "baseline") for n in ("a", "b")]
     # b is SIGKILLed beside a: it runs again afresh (no checkpoint yet), alone, and finishes
@@ -111,13 +119,17 @@ def test_a_run_the_oom_killer_took_beside_another_runs_again_once_then_fails(fak
     study.run((arm, 0) for arm in arms)
     assert state["launched"] == [("a-seed0", False), ("b-seed0", False), ("b-seed0", False)]
     assert sorted(state["recorded"]) == ["a-seed0", "b-seed0"]
-    # a second study: d is killed beside c, resumes from its checkpoint alone, and is killed again
+    # three at once: d is killed beside c and e, resumes from its checkpoint beside c once e has ended
+    # (two at once now), and is killed there again: no third try, though another run ran beside it
     study2, state2 = fresh()
-    state2["plan"] = {"c-seed0": [(6, 0)], "d-seed0": [(2, -signal.SIGKILL), (2, -signal.SIGKILL)]}
+    study2.jobs = 3
+    state2["plan"] = {"c-seed0": [(40, 0)], "d-seed0": [(2, -signal.SIGKILL), (2, -signal.SIGKILL)],
+                      "e-seed0": [(5, 0)]}
     state2["checkpoint"] = {"d-seed0"}
     with pytest.raises(harness.RunFailed, match=r"d seed 0 failed \(exit -9\)"):
-        study2.run((Arm(n, "f", "baseline"), 0) for n in ("c", "d"))
-    assert state2["launched"] == [("c-seed0", False), ("d-seed0", False), ("d-seed0", True)]
+        study2.run((Arm(n, "f", "baseline"), 0) for n in ("c", "d", "e"))
+    assert state2["launched"] == [("c-seed0", False), ("d-seed0", False), ("e-seed0", False), ("d-seed0", True)]
+    assert state2["recorded"] == ["e-seed0"] and study2._at_once() == 2
 
 
 def test_a_run_that_fails_alone_stops_the_study(fake_study):

@@ -243,7 +243,8 @@ def machine_bytes() -> int:
 
 def available_bytes() -> int | None:
     """What this machine can still give without swapping (``MemAvailable``; less, where a cgroup limit
-    leaves less: its limit minus its usage); None where neither can be read (not Linux)."""
+    leaves less: its limit minus its usage, reclaimable page cache not counted as used); None where
+    neither can be read (not Linux)."""
     have: list[int] = []
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -252,12 +253,21 @@ def available_bytes() -> int | None:
                 break
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit.isdigit():
-            have.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text().strip()))
-    except (OSError, ValueError):
-        pass
+    for limit_file, usage_file, stat_file, cache_key in (
+            ("memory.max", "memory.current", "memory.stat", "inactive_file"),  # cgroup v2
+            ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
+             "total_inactive_file")):  # cgroup v1
+        root = Path("/sys/fs/cgroup")
+        try:
+            limit = (root / limit_file).read_text().strip()
+            if not limit.isdigit() or int(limit) >= machine_bytes():
+                continue
+            used = int((root / usage_file).read_text().strip())
+            stat = dict(line.split() for line in (root / stat_file).read_text().splitlines() if line.count(" ") == 1)
+            used -= int(stat.get(cache_key, 0))  # page cache the kernel reclaims before it kills anything
+            have.append(int(limit) - used)
+        except (OSError, ValueError):
+            continue
     return min(have) if have else None
 
 

@@ -98,6 +98,10 @@ class _Running:
     seed: int
     run_dir: Path
     proc: subprocess.Popen[bytes]
+    one_process: bool = True
+    """Its policies train in the run's own process (the sequential scheduler): stopping that process
+    stops the run, and a SIGKILL it gets is the OOM killer's choice of it (under the local scheduler
+    the OOM killer takes a worker and the run fails as any other)."""
 
 
 @dataclass
@@ -226,8 +230,10 @@ class Study:
         Memory: while several runs go at once, a machine left with less than :data:`MEMORY_FLOOR` of
         its RAM available stops the youngest run before the kernel's OOM killer picks one, and a run
         killed by a signal the OOM killer sends (SIGKILL) while others ran beside it is taken as one it
-        picked; either way the run goes back to the queue (it resumes from its last checkpoint) and the
-        study runs one fewer at once from then on, saying so. A run that fails alone stops the study."""
+        picked (once a run; runs whose policies train in this run's process: the sequential scheduler,
+        the default); either way the run goes back to the queue (it resumes from its last checkpoint,
+        or starts afresh without one) and the study runs one fewer at once from then on, saying so. A
+        run that fails alone, or is killed a second time, stops the study."""
         from mutualrl.run.checkpoint import latest_checkpoint
 
         queue: deque[tuple[Arm, int, Path, bool]] = deque()
@@ -265,25 +271,37 @@ class Study:
             ["--resume"] if resume else [])
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         self.say(f"{arm.name} seed {seed}{' (resumed)' if resume else ''} -> {d}")
+        one_process = self.config(arm, seed).get("scheduler", "sequential") == "sequential"
         with log_path(d).open("ab") as log:  # the child holds its own descriptor for its whole life
-            return _Running(arm, seed, d, subprocess.Popen(cmd, env=env, stdout=log, stderr=log))
+            return _Running(arm, seed, d, subprocess.Popen(cmd, env=env, stdout=log, stderr=log), one_process)
 
     def _fewer_at_once(self, running: int, why: str) -> None:
-        self._memory_cap = max(1, running - 1)
-        self.say(f"{why}; at most {self._memory_cap} run(s) at once from now on (the stopped run resumes from its "
-                 "last checkpoint; --parallel sets this from the start)")
+        self._memory_cap = max(1, min(self._memory_cap or running, running) - 1)
+        self.say(f"{why}: it runs again (from its last checkpoint where it has one); at most {self._memory_cap} "
+                 f"run(s) at once from now on, with the torch threads they started with (--parallel "
+                 f"{self._memory_cap} sets this from the start)")
 
     def _guard_memory(self, running: list[_Running]) -> _Running | None:
         """The youngest of several runs, stopped, when the machine has less than :data:`MEMORY_FLOOR` of
-        its RAM available; None otherwise (one run alone is never stopped: nothing else to give way)."""
+        its RAM available; None otherwise (one run alone is never stopped: nothing else to give way; nor
+        one that has just ended, which :meth:`_reap` records or reports; nor a run whose policies train in
+        worker processes, which stopping its process would orphan)."""
         if len(running) < 2:
             return None
         have, total = available_bytes(), machine_bytes()
         if have is None or have >= MEMORY_FLOOR * total:
             return None
-        young = running[-1]
+        young = next((r for r in reversed(running) if r.one_process), None)
+        if young is None or young.proc.poll() is not None:
+            return None
         young.proc.terminate()
-        young.proc.wait()
+        try:
+            code = young.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            young.proc.kill()
+            code = young.proc.wait()
+        if code not in (-signal.SIGTERM, -signal.SIGKILL):  # it ended on its own first: _reap's to judge
+            return None
         self._fewer_at_once(len(running), f"memory: {gib(have)} of {gib(total)} available with {len(running)} runs "
                             f"at once; {young.arm.name} seed {young.seed} stopped before the OOM killer picks one")
         return young
@@ -298,7 +316,7 @@ class Study:
             code = r.proc.poll()
             if code is None:
                 left.append(r)
-            elif code == -signal.SIGKILL and len(running) > 1 and r.run_dir not in self._killed:
+            elif code == -signal.SIGKILL and r.one_process and len(running) > 1 and r.run_dir not in self._killed:
                 self._killed.add(r.run_dir)  # once: a run killed again is a failure
                 again.append(r)
                 self._fewer_at_once(len(running), f"{r.arm.name} seed {r.seed} was killed (SIGKILL, the OOM "
