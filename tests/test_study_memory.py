@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -15,19 +16,35 @@ class FakeRun:
     """A run process that finishes after ``polls`` polls with ``code`` (or is terminated first)."""
 
     def __init__(self, cmd: list[str], state: dict) -> None:
-        self.name = Path(cmd[3]).name
+        self.dir = Path(cmd[3])
+        self.name = self.dir.name
         self.polls, self.code = state["plan"][self.name].pop(0)
         self.returncode: int | None = None
+        # its memory price (bytes, of a machine of 100) lands after ``priced_after`` polls
+        self.price, self.priced_after = state["price"].get(self.name, (1, 0))
+        self.polled = 0
+        self._price()
         self.live = state["live"]
         self.live.add(self.name)
+        state["most_live"] = max(state["most_live"], len(self.live))
         state["launched"].append((self.name, "--resume" in cmd))
+        state["beside"].append(sorted(self.live - {self.name}))  # the runs going as it started
 
     def _end(self, code: int) -> None:
         self.returncode = code
         self.live.discard(self.name)
 
+    def _price(self) -> None:
+        if self.polled == self.priced_after:
+            with (self.dir / "metrics.jsonl").open("a") as f:
+                f.write('{"event": "eval", "policy": "p", "step": 0, "val_acc": 0.1}\n')
+                f.write(json.dumps({"policy": "p", "step": 0, "rss_peak_mb": self.price / 2**20 / 2,
+                                    "mem_predicted_peak_mb": self.price / 2**20}) + "\n")
+
     def poll(self) -> int | None:
         if self.returncode is None:
+            self.polled += 1
+            self._price()
             self.polls -= 1
             if self.polls <= 0:
                 self._end(self.code)
@@ -45,8 +62,10 @@ class FakeRun:
 def fake_study(monkeypatch, tmp_path):
     """A two-job study whose runs are :class:`FakeRun` processes, its state and a maker of another:
     ``state['available']`` is the memory available (of 100; or a function), ``state['plan']`` each
-    run's launches (polls, exit code), ``state['launched']`` what started, ``state['live']`` what
-    runs now, ``state['checkpoint']`` the runs that have one."""
+    run's launches (polls, exit code), ``state['price']`` a run's memory price (of 100) and the polls
+    before it lands (default 1, at once), ``state['launched']`` what started, ``state['beside']`` what
+    ran as each started, ``state['most_live']`` the most at once, ``state['live']`` what runs now,
+    ``state['checkpoint']`` the runs that have one."""
     from mutualrl.run import checkpoint
 
     states: list[dict] = []
@@ -64,7 +83,7 @@ def fake_study(monkeypatch, tmp_path):
 
     def fresh() -> tuple[Study, dict]:
         state: dict = {"available": 100, "plan": {}, "launched": [], "recorded": [], "checkpoint": set(),
-                       "live": set()}
+                       "live": set(), "price": {}, "most_live": 0, "beside": []}
         states.append(state)
         study = Study("t", lambda seed: {"seed": seed}, tmp_path / f"runs{len(states)}", results=tmp_path, jobs=2)
 
@@ -137,3 +156,62 @@ def test_a_run_that_fails_alone_stops_the_study(fake_study):
     state["plan"] = {"a-seed0": [(2, -signal.SIGKILL)]}
     with pytest.raises(harness.RunFailed, match="exit -9"):
         study.run([(Arm("a", "f", "baseline"), 0)])
+
+
+def test_another_run_starts_only_where_its_price_fits_beside_those_going(fake_study):
+    study, state, fresh = fake_study
+    # priced at 60 of 100 each: two would need 120; b waits for a to end, c for b, whatever jobs says
+    state["plan"] = {n: [(4, 0)] for n in ("a-seed0", "b-seed0", "c-seed0")}
+    state["price"] = {n: (60, 0) for n in state["plan"]}
+    messages: list[str] = []
+    study.say = messages.append
+    study.run((Arm(n, "f", "baseline"), 0) for n in ("a", "b", "c"))
+    assert state["most_live"] == 1 and state["beside"] == [[], [], []]
+    assert sorted(state["recorded"]) == ["a-seed0", "b-seed0", "c-seed0"]
+    held = [m for m in messages if m.startswith("memory: 2 runs at once would need")]
+    assert len(held) == 1 and "waits for one of the 1 going to end" in held[0]  # said once, not per poll
+    assert study._memory_cap is None  # held back, never stopped: later, smaller runs may go together
+    # priced at 30 each: 60 with the next, under 92: two at once
+    study2, state2 = fresh()
+    state2["plan"] = {n: [(6, 0)] for n in ("a-seed0", "b-seed0")}
+    state2["price"] = {n: (30, 0) for n in state2["plan"]}
+    study2.run((Arm(n, "f", "baseline"), 0) for n in ("a", "b"))
+    assert state2["most_live"] == 2 and state2["beside"] == [[], ["a-seed0"]]
+
+
+def test_another_run_waits_until_the_runs_going_have_priced_their_memory(fake_study):
+    study, state, _ = fake_study
+    # a prices itself only after 3 polls (its step 0): b starts beside it, but only once a has a price
+    state["plan"] = {"a-seed0": [(8, 0)], "b-seed0": [(3, 0)]}
+    state["price"] = {"a-seed0": (10, 3), "b-seed0": (10, 0)}
+    polls_before_b: list[int] = []
+    real_launch = study._launch
+
+    def launch(arm, seed, d, resume, threads):
+        if arm.name == "b":
+            polls_before_b.append(next(iter(state["procs"])).polled)
+        run = real_launch(arm, seed, d, resume, threads)
+        state.setdefault("procs", []).append(run.proc)
+        return run
+
+    state["procs"] = []
+    study._launch = launch
+    study.run((Arm(n, "f", "baseline"), 0) for n in ("a", "b"))
+    assert state["beside"] == [[], ["a-seed0"]] and polls_before_b == [3]
+
+
+def test_a_run_price_reads_whole_lines_and_takes_the_larger_figure(tmp_path):
+    from mutualrl.study.run_price import RunPrice
+
+    metrics = tmp_path / "metrics.jsonl"
+    price, apart = RunPrice(tmp_path), RunPrice(tmp_path, one_process=False)
+    assert price.bytes() is None  # no metrics yet
+    metrics.write_text('{"event": "eval", "policy": "a", "step": 0}\n{"policy": "a", "step": 0, "rss_')
+    assert price.bytes() is None  # an evaluation and half a step: not priced yet
+    with metrics.open("a") as f:
+        f.write('peak_mb": 100, "mem_predicted_peak_mb": 300}\n'
+                '{"policy": "b", "step": 0, "rss_peak_mb": 200, "mem_predicted_peak_mb": NaN}\n'
+                '{"policy": "a", "step": 1, "rss_peak_mb": 400, "mem_predicted_peak_mb": 300}\n')
+    # a: the larger of predicted and measured over its steps (400); b: its measured 200 (NaN ignored)
+    assert price.bytes() == 400 * 2**20  # one process: the largest policy's
+    assert apart.bytes() == 600 * 2**20  # a process each: their sum

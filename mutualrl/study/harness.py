@@ -15,8 +15,8 @@ Every run's compact record (:mod:`mutualrl.study.records`) goes to ``<results>/<
 study's JSON (:meth:`Study.write`) is aggregated from those files alone
 (:func:`mutualrl.study.aggregate.aggregate`), so every figure can be traced and recomputed.
 
-Runs go ``jobs`` at a time, each in its own process (``python -m mutualrl.study.one``; torch threads
-= cores / jobs); ``reuse`` keeps finished runs whose config is unchanged (a run directory's summary,
+Runs go up to ``jobs`` at a time, as many as their memory prices let fit (:meth:`Study.run`), each in
+its own process (``python -m mutualrl.study.one``; torch threads = cores / jobs); ``reuse`` keeps finished runs whose config is unchanged (a run directory's summary,
 or a committed record when the run directories are gone) and resumes interrupted ones.
 """
 
@@ -57,6 +57,7 @@ from mutualrl.study.records import (
     write_record,
 )
 from mutualrl.study.reuse import RecordFinder, same_config
+from mutualrl.study.run_price import RunPrice
 
 ROLES = ("baseline", "sharing", "matched_sharing", "efficiency", "half_baseline")
 """An arm's role: ``baseline`` (single model), ``sharing``, ``matched_sharing`` (a sharing arm held to
@@ -66,8 +67,9 @@ budget)."""
 
 
 MEMORY_FLOOR = 0.08
-"""While several runs go at once, the share of the machine's RAM that must stay available: below it the
-study stops its youngest run (it resumes later, one fewer at once) before the kernel's OOM killer
+"""The share of the machine's RAM a study keeps free of its runs: another run starts only where the runs'
+memory prices leave it (:meth:`Study._room_for_another`), and while several runs go at once, below it
+available the study stops its youngest run (it resumes later, one fewer at once) before the kernel's OOM killer
 picks one. A sudden jump passes it before a poll sees it: two real-model runs of
 ``benchmarks/mutual_real_small.py`` hold ~8 GiB each until Gemma-3's first update (its few successes can
 delay it past the middle of a run) allocates its gradients and optimizer state, ~12 GiB after: two
@@ -102,6 +104,8 @@ class _Running:
     """Its policies train in the run's own process (the sequential scheduler): stopping that process
     stops the run, and a SIGKILL it gets is the OOM killer's choice of it (under the local scheduler
     the OOM killer takes a worker and the run fails as any other)."""
+    price: RunPrice | None = None
+    """Its memory price, read from its metrics as they land (None: not read)."""
 
 
 @dataclass
@@ -156,6 +160,8 @@ class Study:
     _memory_cap: int | None = None
     """Runs at once memory allows, once a run was stopped or killed for it (:meth:`run`); None: no cap."""
     _killed: set[Path] = field(default_factory=set)
+    _held_at: int | None = None
+    """Runs going when the study last said memory held another back (said once per count)."""
     """Run directories whose run a SIGKILL ended once beside others (run again; a second time fails)."""
     _finder: RecordFinder | None = None
 
@@ -233,7 +239,14 @@ class Study:
         picked (once a run; runs whose policies train in this run's process: the sequential scheduler,
         the default); either way the run goes back to the queue (it resumes from its last checkpoint,
         or starts afresh without one) and the study runs one fewer at once from then on, saying so. A
-        run that fails alone, or is killed a second time, stops the study."""
+        run that fails alone, or is killed a second time, stops the study.
+
+        Before that, a run beyond the first starts only once the runs going have priced their memory
+        (their first step: MWRA's predicted peak, or the measured one where larger;
+        :mod:`mutualrl.study.run_price`) and another such run fits beside them, priced at the largest of
+        theirs, with :data:`MEMORY_FLOOR` of the RAM left over; otherwise it waits for one to end
+        (:meth:`_room_for_another`). Two real-model runs priced at 12 GiB never start together on a
+        24 GB machine, whatever ``jobs`` says."""
         from mutualrl.run.checkpoint import latest_checkpoint
 
         queue: deque[tuple[Arm, int, Path, bool]] = deque()
@@ -244,7 +257,7 @@ class Study:
         threads = max(1, (os.cpu_count() or 1) // max(1, self.jobs))
         running: list[_Running] = []
         while queue or running:
-            if queue and len(running) < self._at_once():
+            if queue and len(running) < self._at_once() and self._room_for_another(running):
                 arm, seed, d, resume = queue.popleft()
                 running.append(self._launch(arm, seed, d, resume, threads))
                 continue
@@ -266,6 +279,27 @@ class Study:
         at_once = max(1, min(self.parallel or self.jobs, self.jobs))
         return at_once if self._memory_cap is None else max(1, min(at_once, self._memory_cap))
 
+    def _room_for_another(self, running: list[_Running]) -> bool:
+        """Whether another run fits in memory beside ``running``: each priced (:class:`RunPrice`), the
+        next at the largest of their prices, all of it under ``1 - MEMORY_FLOOR`` of the machine's RAM.
+        False while a run going has not priced itself yet (its first step has not landed)."""
+        if not running:
+            return True
+        prices = [r.price.bytes() if r.price is not None else 0 for r in running]
+        if any(p is None for p in prices):
+            return False
+        priced = [p or 0 for p in prices]
+        total = machine_bytes()
+        need = sum(priced) + max(priced)
+        if need <= (1 - MEMORY_FLOOR) * total:
+            return True
+        if self._held_at != len(running):
+            self._held_at = len(running)
+            self.say(f"memory: {len(running) + 1} runs at once would need {gib(need)} of {gib(total)} (a run priced "
+                     f"at up to {gib(max(priced))}: MWRA's predicted peak, or its measured one where larger); "
+                     f"the next run waits for one of the {len(running)} going to end")
+        return False
+
     def _launch(self, arm: Arm, seed: int, d: Path, resume: bool, threads: int) -> _Running:
         cmd = [sys.executable, "-m", "mutualrl.study.one", str(d), "--parent", str(os.getpid())] + (
             ["--resume"] if resume else [])
@@ -273,7 +307,8 @@ class Study:
         self.say(f"{arm.name} seed {seed}{' (resumed)' if resume else ''} -> {d}")
         one_process = self.config(arm, seed).get("scheduler", "sequential") == "sequential"
         with log_path(d).open("ab") as log:  # the child holds its own descriptor for its whole life
-            return _Running(arm, seed, d, subprocess.Popen(cmd, env=env, stdout=log, stderr=log), one_process)
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+        return _Running(arm, seed, d, proc, one_process, RunPrice(d, one_process))
 
     def _fewer_at_once(self, running: int, why: str) -> None:
         self._memory_cap = max(1, min(self._memory_cap or running, running) - 1)
