@@ -225,6 +225,13 @@ def test_the_async_loop_with_a_two_rank_policy_logs_the_sync_loops_metrics(unint
     a, b = drop(_metrics(uninterrupted("local"))), drop(_metrics(tmp_path / "async"))
     assert [r["step"] for r in b if r.get("event") is None] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert a == b
+    # every step says how many processes hold the policy (what a study prices its memory by) and the
+    # resident part of MWRA's predicted peak
+    steps = [r for r in b if r.get("event") is None]
+    assert {r["policy"]: r["worker_processes"] for r in steps} == {"a": 2, "b": 1}
+    raw = [json.loads(x) for x in (tmp_path / "async" / "metrics.jsonl").read_text().splitlines()]
+    raw = [r for r in raw if r.get("event") is None]
+    assert len(raw) == 8 and all(0 < r["mem_predicted_resident_mb"] < r["mem_predicted_peak_mb"] for r in raw)
 
 
 def _exchange_rows(run_dir: Path) -> list[tuple]:

@@ -102,6 +102,7 @@ def test_the_plan_prints_each_policys_peak_and_gives_the_worker_its_budget(tmp_p
 
     placed = place_in_process(resolve(path, check_paths=False))
     assert placed.workers[0].micro_batch_tokens == mem["micro_batch_tokens"]
+    assert placed.workers[0].predicted_resident_bytes == mem["price"]["resident"] < mem["predicted_peak"]
     placed = dataclasses.replace(placed, workers=(dataclasses.replace(placed.workers[0], micro_batch_tokens=333),))
     w = PolicyWorker(placed, 0)  # the worker takes the budget its spec carries, not one of its own
     try:

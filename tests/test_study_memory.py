@@ -168,8 +168,9 @@ def test_another_run_starts_only_where_its_price_fits_beside_those_going(fake_st
     study.run((Arm(n, "f", "baseline"), 0) for n in ("a", "b", "c"))
     assert state["most_live"] == 1 and state["beside"] == [[], [], []]
     assert sorted(state["recorded"]) == ["a-seed0", "b-seed0", "c-seed0"]
-    held = [m for m in messages if m.startswith("memory: 2 runs at once would need")]
-    assert len(held) == 1 and "waits for one of the 1 going to end" in held[0]  # said once, not per poll
+    held = [m for m in messages if m.startswith("memory: ")]
+    assert len(held) == 2 and "b waits for one of the 1 run(s) going to end" in held[0]  # once a wait
+    assert "2 runs at once would need" in held[0] and held[1].startswith("memory: c waits")
     assert study._memory_cap is None  # held back, never stopped: later, smaller runs may go together
     # priced at 30 each: 60 with the next, under 92: two at once
     study2, state2 = fresh()
@@ -177,6 +178,39 @@ def test_another_run_starts_only_where_its_price_fits_beside_those_going(fake_st
     state2["price"] = {n: (30, 0) for n in state2["plan"]}
     study2.run((Arm(n, "f", "baseline"), 0) for n in ("a", "b"))
     assert state2["most_live"] == 2 and state2["beside"] == [[], ["a-seed0"]]
+    # 47 + 47 = 94: over the 92 % the floor leaves
+    study3, state3 = fresh()
+    state3["plan"] = {n: [(6, 0)] for n in ("a-seed0", "b-seed0")}
+    state3["price"] = {n: (47, 0) for n in state3["plan"]}
+    study3.run((Arm(n, "f", "baseline"), 0) for n in ("a", "b"))
+    assert state3["most_live"] == 1
+    # 30 + 30 fits the machine, but other processes leave only 35 available: 35 - 30 is under the floor
+    study4, state4 = fresh()
+    state4["plan"] = {n: [(6, 0)] for n in ("a-seed0", "b-seed0")}
+    state4["price"] = {n: (30, 0) for n in state4["plan"]}
+    state4["available"] = 35
+    study4.run((Arm(n, "f", "baseline"), 0) for n in ("a", "b"))
+    assert state4["most_live"] == 1
+
+
+def test_the_next_run_is_priced_at_what_its_arm_reached_before(fake_study):
+    study, state, fresh = fake_study
+    # a later seed of a big arm (60) waits beside a run of 40: priced at what its arm reached, not at
+    # the price of the run going (40 + 40 would have let it start)
+    state["plan"] = {"big-seed0": [(3, 0)], "mid-seed0": [(8, 0)], "big-seed1": [(3, 0)]}
+    state["price"] = {"big-seed0": (60, 0), "mid-seed0": (40, 0), "big-seed1": (60, 0)}
+    big, mid = Arm("big", "f", "sharing"), Arm("mid", "f", "baseline")
+    study.run([(big, 0), (mid, 0), (big, 1)])  # mid, unknown, is priced at the largest seen: it waits too
+    assert state["most_live"] == 1 and state["beside"] == [[], [], []]
+    # a small arm's later seed (10) joins a big run (60): 70 fits; the largest price seen would not
+    study2, state2 = fresh()
+    state2["plan"] = {"small-seed0": [(2, 0)], "big-seed0": [(12, 0)], "small-seed1": [(3, 0)]}
+    state2["price"] = {"small-seed0": (10, 0), "big-seed0": (60, 0), "small-seed1": (10, 0)}
+    small = Arm("small", "f", "baseline")
+    study2.run([(small, 0), (big, 0), (small, 1)])
+    # (big seed 0 itself, of an arm not yet priced, started beside small seed 0 at small's price:
+    # the reactive guard is what covers a first run of a larger arm)
+    assert state2["beside"] == [[], ["small-seed0"], ["big-seed0"]]
 
 
 def test_another_run_waits_until_the_runs_going_have_priced_their_memory(fake_study):
@@ -189,9 +223,9 @@ def test_another_run_waits_until_the_runs_going_have_priced_their_memory(fake_st
 
     def launch(arm, seed, d, resume, threads):
         if arm.name == "b":
-            polls_before_b.append(next(iter(state["procs"])).polled)
+            polls_before_b.append(state["procs"][0].polled)
         run = real_launch(arm, seed, d, resume, threads)
-        state.setdefault("procs", []).append(run.proc)
+        state["procs"].append(run.proc)
         return run
 
     state["procs"] = []
@@ -215,3 +249,37 @@ def test_a_run_price_reads_whole_lines_and_takes_the_larger_figure(tmp_path):
     # a: the larger of predicted and measured over its steps (400); b: its measured 200 (NaN ignored)
     assert price.bytes() == 400 * 2**20  # one process: the largest policy's
     assert apart.bytes() == 600 * 2**20  # a process each: their sum
+
+
+def test_one_process_is_priced_at_its_residents_and_one_transient(tmp_path):
+    from mutualrl.allocation.memory import PROCESS_BYTES
+    from mutualrl.study.run_price import RunPrice
+
+    mib = 2**20
+    step = '{{"policy": "{}", "step": 0, "rss_peak_mb": {}, "mem_predicted_peak_mb": {}{}}}\n'
+    (tmp_path / "metrics.jsonl").write_text(
+        step.format("s", 100, 9000, ', "mem_predicted_resident_mb": 3000, "worker_processes": 1')
+        + step.format("g", 100, 12000, ', "mem_predicted_resident_mb": 5500, "worker_processes": 1'))
+    # both residents in the one process (its overhead once) and the larger transient (6500)
+    assert RunPrice(tmp_path).bytes() == (3000 + 5500 + 6500) * mib - PROCESS_BYTES
+    # their workers apart (2 ranks for g): each worker its whole peak
+    (tmp_path / "metrics.jsonl").write_text(
+        step.format("s", 100, 9000, "") + step.format("g", 100, 12000, ', "worker_processes": 2'))
+    assert RunPrice(tmp_path, one_process=False).bytes() == (9000 + 2 * 12000) * mib
+    # no resident figure (an older run): every whole peak, the overhead once
+    assert RunPrice(tmp_path).bytes() == (9000 + 12000) * mib - PROCESS_BYTES
+
+
+def test_a_run_price_reads_a_rewritten_metrics_file_from_its_start(tmp_path):
+    from mutualrl.study.run_price import RunPrice
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(f'{{"policy": "a", "step": {i}, "rss_peak_mb": 10}}\n' for i in range(20)))
+    price = RunPrice(tmp_path)
+    assert price.bytes() == 10 * 2**20
+    fresh = tmp_path / "metrics.new"  # a resume rewrites it shorter, as a new file
+    fresh.write_text('{"policy": "a", "step": 0, "rss_peak_mb": 10}\n')
+    fresh.replace(metrics)
+    with metrics.open("a") as f:
+        f.write('{"policy": "a", "step": 1, "rss_peak_mb": 50}\n')
+    assert price.bytes() == 50 * 2**20

@@ -104,6 +104,11 @@ class PolicyMemory:
     def predicted_peak(self) -> int | None:
         return None if self.price is None else self.price.peak(self.micro_batch_tokens or self.longest_row)
 
+    @property
+    def predicted_resident(self) -> int | None:
+        """The bytes of the peak held between phases (:attr:`MemoryPrice.resident`)."""
+        return None if self.price is None else self.price.resident
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "allowance": self.allowance, "micro_batch_tokens": self.micro_batch_tokens,
                 "predicted_peak": self.predicted_peak, "vllm_memory_fraction": self.vllm_memory_fraction,

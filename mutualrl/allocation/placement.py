@@ -132,7 +132,8 @@ def place(plan: RunPlan, allocation: Allocation, backend: str, exchange: str, *,
     return dataclasses.replace(plan, workers=tuple(workers), placed=True)
 
 
-MEMORY_FIELDS: tuple[str, ...] = ("memory_bytes", "micro_batch_tokens", "predicted_peak_bytes", "vllm_memory_fraction")
+MEMORY_FIELDS: tuple[str, ...] = ("memory_bytes", "micro_batch_tokens", "predicted_peak_bytes", "predicted_resident_bytes",
+                                  "vllm_memory_fraction")
 """What the memory plan writes into a worker's spec."""
 
 
@@ -165,6 +166,7 @@ def _with_memory(plan: RunPlan, allocation: Allocation, workers: list[WorkerSpec
     return [dataclasses.replace(w, memory_bytes=entries[w.index].allowance,
                                 micro_batch_tokens=entries[w.index].micro_batch_tokens,
                                 predicted_peak_bytes=entries[w.index].predicted_peak,
+                                predicted_resident_bytes=entries[w.index].predicted_resident,
                                 vllm_memory_fraction=entries[w.index].vllm_memory_fraction) for w in workers]
 
 

@@ -92,6 +92,10 @@ class WorkerSpec:
     number asked for, checked to fit); None: the policy's own setting."""
     predicted_peak_bytes: int | None = None
     """The worker's predicted peak memory (logged beside the measured one)."""
+    predicted_resident_bytes: int | None = None
+    """The part of that peak the worker holds between phases (weights, gradients, optimizer state, the
+    sampler's copy, the process): logged too, so that a process holding several policies is priced as
+    their residents plus the largest transient (:mod:`mutualrl.study.run_price`)."""
     vllm_memory_fraction: float | None = None
     """A vLLM engine's share of its GPU (``gpu_memory_utilization``), derived by the plan."""
     sharing: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
@@ -101,7 +105,8 @@ class WorkerSpec:
 
     PLACEMENT: ClassVar[tuple[str, ...]] = ("device", "visible_gpu", "gpu_fraction", "threads", "nice", "node",
                                             "cpu_share", "exchange", "rendezvous", "memory_bytes",
-                                            "micro_batch_tokens", "predicted_peak_bytes", "vllm_memory_fraction")
+                                            "micro_batch_tokens", "predicted_peak_bytes", "predicted_resident_bytes",
+                                            "vllm_memory_fraction")
 
     @property
     def label(self) -> str:

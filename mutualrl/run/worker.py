@@ -117,6 +117,7 @@ class PolicyWorker(WorkerAPI):
         if spec.micro_batch_tokens is not None:  # the plan's budget: auto resolved against the worker's memory
             self.policy.micro_batch_tokens = spec.micro_batch_tokens
         self.predicted_peak_bytes = spec.predicted_peak_bytes
+        self.predicted_resident_bytes = spec.predicted_resident_bytes
         self.peers = self._load_peers()
         vocab = {self.policy.tokenizer_id: len(self.policy.tokenizer)}
         vocab.update({p.tokenizer_id: len(p.tokenizer) for p in self.peers.values()})
@@ -359,6 +360,9 @@ class PolicyWorker(WorkerAPI):
         m["micro_batch_tokens"] = self.policy.micro_batch_tokens or 0
         if self.predicted_peak_bytes:
             m["mem_predicted_peak_mb"] = self.predicted_peak_bytes / 2**20
+        if self.predicted_resident_bytes:
+            m["mem_predicted_resident_mb"] = self.predicted_resident_bytes / 2**20
+        m["worker_processes"] = 1  # summed over a policy's ranks (ranks.merge_metrics): its processes
         if self.policy.device.type == "cuda":
             m["cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.policy.device) / 2**20
         m.update({"update_s": time.perf_counter() - t0, "train_s": time.perf_counter() - t2,

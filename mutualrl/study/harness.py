@@ -160,9 +160,11 @@ class Study:
     _memory_cap: int | None = None
     """Runs at once memory allows, once a run was stopped or killed for it (:meth:`run`); None: no cap."""
     _killed: set[Path] = field(default_factory=set)
-    _held_at: int | None = None
-    """Runs going when the study last said memory held another back (said once per count)."""
     """Run directories whose run a SIGKILL ended once beside others (run again; a second time fails)."""
+    _prices: dict[str, int] = field(default_factory=dict)
+    """The largest memory price each arm's runs reached in this study process (bytes)."""
+    _held_at: tuple[str, int] | None = None
+    """The waiting arm and the runs going when the study last said memory held it back (said once)."""
     _finder: RecordFinder | None = None
 
     @property
@@ -245,7 +247,7 @@ class Study:
         (their first step: MWRA's predicted peak, or the measured one where larger;
         :mod:`mutualrl.study.run_price`) and another such run fits beside them, priced at the largest of
         theirs, with :data:`MEMORY_FLOOR` of the RAM left over; otherwise it waits for one to end
-        (:meth:`_room_for_another`). Two real-model runs priced at 12 GiB never start together on a
+        (:meth:`_room_for_another`). Two real-model runs priced at 14 GiB never start together on a
         24 GB machine, whatever ``jobs`` says."""
         from mutualrl.run.checkpoint import latest_checkpoint
 
@@ -257,7 +259,7 @@ class Study:
         threads = max(1, (os.cpu_count() or 1) // max(1, self.jobs))
         running: list[_Running] = []
         while queue or running:
-            if queue and len(running) < self._at_once() and self._room_for_another(running):
+            if queue and len(running) < self._at_once() and self._room_for_another(running, queue[0][0]):
                 arm, seed, d, resume = queue.popleft()
                 running.append(self._launch(arm, seed, d, resume, threads))
                 continue
@@ -279,25 +281,33 @@ class Study:
         at_once = max(1, min(self.parallel or self.jobs, self.jobs))
         return at_once if self._memory_cap is None else max(1, min(at_once, self._memory_cap))
 
-    def _room_for_another(self, running: list[_Running]) -> bool:
-        """Whether another run fits in memory beside ``running``: each priced (:class:`RunPrice`), the
-        next at the largest of their prices, all of it under ``1 - MEMORY_FLOOR`` of the machine's RAM.
-        False while a run going has not priced itself yet (its first step has not landed)."""
+    def _room_for_another(self, running: list[_Running], arm: Arm) -> bool:
+        """Whether a run of ``arm`` fits in memory beside ``running``. Each run going is priced
+        (:class:`RunPrice`); the next at the largest price its arm's runs reached in this study, or,
+        before any has, the largest any run reached. Together they must stay under ``1 - MEMORY_FLOOR``
+        of the machine's RAM, and its price must be available now beside that floor (other processes
+        count). False while a run going has not priced itself yet (its first step has not landed)."""
         if not running:
             return True
-        prices = [r.price.bytes() if r.price is not None else 0 for r in running]
-        if any(p is None for p in prices):
-            return False
-        priced = [p or 0 for p in prices]
-        total = machine_bytes()
-        need = sum(priced) + max(priced)
-        if need <= (1 - MEMORY_FLOOR) * total:
+        prices = []
+        for r in running:
+            p = r.price.bytes() if r.price is not None else 0
+            if p is None:
+                return False
+            self._prices[r.arm.name] = max(self._prices.get(r.arm.name, 0), p)
+            prices.append(p)
+        nxt = self._prices.get(arm.name, max(self._prices.values(), default=0))
+        total, have = machine_bytes(), available_bytes()
+        need = sum(prices) + nxt
+        short_now = have is not None and have - nxt < MEMORY_FLOOR * total
+        if need <= (1 - MEMORY_FLOOR) * total and not short_now:
             return True
-        if self._held_at != len(running):
-            self._held_at = len(running)
-            self.say(f"memory: {len(running) + 1} runs at once would need {gib(need)} of {gib(total)} (a run priced "
-                     f"at up to {gib(max(priced))}: MWRA's predicted peak, or its measured one where larger); "
-                     f"the next run waits for one of the {len(running)} going to end")
+        if self._held_at != (arm.name, len(running)):
+            self._held_at = (arm.name, len(running))
+            why = (f"{gib(have)} available now" if short_now and need <= (1 - MEMORY_FLOOR) * total else
+                   f"{len(running) + 1} runs at once would need {gib(need)} of {gib(total)}")
+            self.say(f"memory: {arm.name} waits for one of the {len(running)} run(s) going to end: priced at "
+                     f"{gib(nxt)} (MWRA's predicted peak, or the measured one where larger), {why}")
         return False
 
     def _launch(self, arm: Arm, seed: int, d: Path, resume: bool, threads: int) -> _Running:
@@ -364,6 +374,9 @@ class Study:
                 raise RunFailed(f"run {r.arm.name} seed {r.seed} failed (exit {code}); its log: "
                                 f"{log_path(r.run_dir)}")
             else:
+                price = r.price.bytes() if r.price is not None else None
+                if price is not None:  # what a later run of its arm is priced at
+                    self._prices[r.arm.name] = max(self._prices.get(r.arm.name, 0), price)
                 self._record(r.run_dir)
                 self._trained.add(r.run_dir)
                 if not self.keep_checkpoints:  # the record is what the study reads; a real model's are GBs
