@@ -245,8 +245,9 @@ class Study:
 
         Before that, a run beyond the first starts only once the runs going have priced their memory
         (their first step: MWRA's predicted peak, or the measured one where larger;
-        :mod:`mutualrl.study.run_price`) and another such run fits beside them, priced at the largest of
-        theirs, with :data:`MEMORY_FLOOR` of the RAM left over; otherwise it waits for one to end
+        :mod:`mutualrl.study.run_price`) and the next fits beside them, priced at what its arm's runs
+        reached (or the largest price seen), with :data:`MEMORY_FLOOR` of the RAM left over; otherwise
+        it waits for one to end
         (:meth:`_room_for_another`). Two real-model runs priced at 14 GiB never start together on a
         24 GB machine, whatever ``jobs`` says."""
         from mutualrl.run.checkpoint import latest_checkpoint
