@@ -155,12 +155,12 @@ def test_rendezvous_parses_and_refuses():
 
 def test_rank_metrics_merge_by_meaning():
     parts = [{"loss": 0.5, "train_tokens": 10, "update_s": 1.0, "clip_frac": 0.2, "grad_norm": 3.0,
-              "optimizer_steps": 2, "logprob_mismatch_max": 0.1, "resample_rounds": 1},
+              "optimizer_steps": 2, "logprob_mismatch_max": 0.1, "resample_rounds": 1, "worker_processes": 1},
              {"loss": 0.25, "train_tokens": 7, "update_s": 2.0, "clip_frac": 0.4, "grad_norm": 3.0,
-              "optimizer_steps": 2, "logprob_mismatch_max": 0.3, "resample_rounds": 1}]
+              "optimizer_steps": 2, "logprob_mismatch_max": 0.3, "resample_rounds": 1, "worker_processes": 1}]
     m = merge_metrics(parts)
     assert m == {"loss": 0.75, "train_tokens": 17, "update_s": 2.0, "clip_frac": pytest.approx(0.3), "grad_norm": 3.0,
-                 "optimizer_steps": 2, "logprob_mismatch_max": 0.3, "resample_rounds": 1}
+                 "optimizer_steps": 2, "logprob_mismatch_max": 0.3, "resample_rounds": 1, "worker_processes": 2}
 
 
 def test_workers_need_processes_and_an_even_share(tiny_config):

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,8 @@ class FakeRun:
         # its memory price (bytes, of a machine of 100) lands after ``priced_after`` polls
         self.price, self.priced_after = state["price"].get(self.name, (1, 0))
         self.polled = 0
+        self.pid = len(state["launched"]) + 1_000_000  # what the fake process table knows it by
+        state["pids"][self.pid] = self.name
         self._price()
         self.live = state["live"]
         self.live.add(self.name)
@@ -65,7 +69,8 @@ def fake_study(monkeypatch, tmp_path):
     run's launches (polls, exit code), ``state['price']`` a run's memory price (of 100) and the polls
     before it lands (default 1, at once), ``state['launched']`` what started, ``state['beside']`` what
     ran as each started, ``state['most_live']`` the most at once, ``state['live']`` what runs now,
-    ``state['checkpoint']`` the runs that have one."""
+    ``state['checkpoint']`` the runs that have one, ``state['holds']`` what a run's processes hold
+    now (unknown: nothing)."""
     from mutualrl.run import checkpoint
 
     states: list[dict] = []
@@ -75,6 +80,8 @@ def fake_study(monkeypatch, tmp_path):
 
     monkeypatch.setattr(harness, "available_bytes", available)
     monkeypatch.setattr(harness, "machine_bytes", lambda: 100)
+    monkeypatch.setattr(harness, "process_tree_rss",
+                        lambda pid: states[-1]["holds"].get(states[-1]["pids"].get(pid)))
     monkeypatch.setattr(harness.time, "sleep", lambda s: None)
     monkeypatch.setattr(harness.subprocess, "Popen",
                         lambda cmd, **kw: FakeRun(cmd, states[-1]))
@@ -83,7 +90,8 @@ def fake_study(monkeypatch, tmp_path):
 
     def fresh() -> tuple[Study, dict]:
         state: dict = {"available": 100, "plan": {}, "launched": [], "recorded": [], "checkpoint": set(),
-                       "live": set(), "price": {}, "most_live": 0, "beside": []}
+                       "live": set(), "price": {}, "most_live": 0, "beside": [],
+                       "pids": {}, "holds": {}}
         states.append(state)
         study = Study("t", lambda seed: {"seed": seed}, tmp_path / f"runs{len(states)}", results=tmp_path, jobs=2)
 
@@ -191,6 +199,15 @@ def test_another_run_starts_only_where_its_price_fits_beside_those_going(fake_st
     state4["available"] = 35
     study4.run((Arm(n, "f", "baseline"), 0) for n in ("a", "b"))
     assert state4["most_live"] == 1
+    # 60 available: enough for b only once a holds its whole price already (60 - 0 - 30), not while a
+    # holds nothing yet and will take 30 more (60 - 30 - 30)
+    for holds, together in (({}, False), ({"a-seed0": 30}, True)):
+        study5, state5 = fresh()
+        state5["plan"] = {n: [(6, 0)] for n in ("a-seed0", "b-seed0")}
+        state5["price"] = {n: (30, 0) for n in state5["plan"]}
+        state5["available"], state5["holds"] = 60, holds
+        study5.run((Arm(n, "f", "baseline"), 0) for n in ("a", "b"))
+        assert (state5["most_live"] == 2) is together
 
 
 def test_the_next_run_is_priced_at_what_its_arm_reached_before(fake_study):
@@ -283,3 +300,38 @@ def test_a_run_price_reads_a_rewritten_metrics_file_from_its_start(tmp_path):
     with metrics.open("a") as f:
         f.write('{"policy": "a", "step": 1, "rss_peak_mb": 50}\n')
     assert price.bytes() == 50 * 2**20
+
+
+def test_a_process_trees_resident_bytes_count_its_children():
+    import subprocess
+    import sys
+
+    from mutualrl.allocation.memory import process_tree_rss
+
+    alone = process_tree_rss(os.getpid())
+    assert alone is not None and alone > 10 * 2**20
+    child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(200 * 2**20); time.sleep(30)"])
+    try:
+        for _ in range(100):  # until the child has its 200 MiB
+            with_child = process_tree_rss(os.getpid())
+            if with_child - process_tree_rss(child.pid) >= 0 and process_tree_rss(child.pid) > 200 * 2**20:
+                break
+            time.sleep(0.05)
+        assert process_tree_rss(child.pid) > 200 * 2**20
+        assert process_tree_rss(os.getpid()) > alone + 190 * 2**20
+    finally:
+        child.kill()
+        child.wait()
+    assert process_tree_rss(child.pid) is None  # gone
+
+
+def test_a_policy_the_plan_could_not_price_is_left_to_its_measurement(tmp_path):
+    from mutualrl.study.run_price import RunPrice
+
+    mib = 2**20
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"policy": "s", "step": 0, "rss_peak_mb": 100, "mem_predicted_peak_mb": 9000, '
+        '"mem_predicted_resident_mb": 3000}\n{"policy": "x", "step": 0, "rss_peak_mb": 100}\n')
+    assert RunPrice(tmp_path).bytes() == 9000 * mib  # s's prediction whole: x adds no overhead to take off
+    (tmp_path / "metrics.jsonl").write_text('{"policy": "x", "step": 0, "rss_peak_mb": 100}\n')
+    assert RunPrice(tmp_path).bytes() == 100 * mib  # nothing predicted: the measurement alone

@@ -299,6 +299,33 @@ class MemoryPlanError(UserError):
             f"can give it {gib(have)}. Levers: {levers}, or a larger machine/GPU.")
 
 
+def process_tree_rss(pid: int) -> int | None:
+    """The resident bytes of process ``pid`` and every process below it (``VmRSS`` from ``/proc``); None
+    where ``pid`` cannot be read (gone, or not Linux). A child that ends while it is read counts 0."""
+    total, seen, todo = 0, set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+        except OSError:
+            if p == pid:
+                return None
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+                break
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+        except (OSError, ValueError):
+            pass
+    return total
+
+
 def gib(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f} GiB"
 

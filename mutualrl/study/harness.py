@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mutualrl.allocation.memory import available_bytes, gib, machine_bytes
+from mutualrl.allocation.memory import available_bytes, gib, machine_bytes, process_tree_rss
 from mutualrl.run.progress import Progress
 from mutualrl.study.aggregate import (
     StudyError,
@@ -286,8 +286,8 @@ class Study:
         """Whether a run of ``arm`` fits in memory beside ``running``. Each run going is priced
         (:class:`RunPrice`); the next at the largest price its arm's runs reached in this study, or,
         before any has, the largest any run reached. Together they must stay under ``1 - MEMORY_FLOOR``
-        of the machine's RAM, and its price must be available now beside that floor (other processes
-        count). False while a run going has not priced itself yet (its first step has not landed)."""
+        of the machine's RAM, and its price must be available now beside that floor once the runs going
+        have grown to their prices (other processes count). False while a run going has not priced itself yet (its first step has not landed)."""
         if not running:
             return True
         prices = []
@@ -300,7 +300,11 @@ class Study:
         nxt = self._prices.get(arm.name, max(self._prices.values(), default=0))
         total, have = machine_bytes(), available_bytes()
         need = sum(prices) + nxt
-        short_now = have is not None and have - nxt < MEMORY_FLOOR * total
+        # what the runs going will still take before their peaks: their prices less what they hold now
+        pids = [getattr(r.proc, "pid", None) for r in running]
+        held = [(process_tree_rss(pid) if isinstance(pid, int) else None) or 0 for pid in pids]
+        growth = sum(max(0, p - h) for p, h in zip(prices, held))
+        short_now = have is not None and have - growth - nxt < MEMORY_FLOOR * total
         if need <= (1 - MEMORY_FLOOR) * total and not short_now:
             return True
         if self._held_at != (arm.name, len(running)):

@@ -72,11 +72,13 @@ class RunPrice:
         seen = list(self._seen.values())
         if not self.one_process:
             return sum(max(s.peak, s.measured) * s.processes for s in seen)
-        if all(s.resident is not None for s in seen):
-            predicted = (sum(s.resident or 0 for s in seen) + max(s.peak - (s.resident or 0) for s in seen))
-        else:
-            predicted = sum(s.peak for s in seen)
-        predicted -= PROCESS_BYTES * (len(seen) - 1) if predicted else 0
+        predicted = 0
+        known = [s for s in seen if s.peak]  # a policy the plan could not price is left to the measurement
+        if known and all(s.resident is not None for s in known):
+            predicted = sum(s.resident or 0 for s in known) + max(s.peak - (s.resident or 0) for s in known)
+        elif known:
+            predicted = sum(s.peak for s in known)
+        predicted -= PROCESS_BYTES * max(0, len(known) - 1)  # one process: its own overhead once
         return max(predicted, max(s.measured for s in seen))
 
     def _read(self) -> None:
