@@ -335,3 +335,26 @@ def test_a_policy_the_plan_could_not_price_is_left_to_its_measurement(tmp_path):
     assert RunPrice(tmp_path).bytes() == 9000 * mib  # s's prediction whole: x adds no overhead to take off
     (tmp_path / "metrics.jsonl").write_text('{"policy": "x", "step": 0, "rss_peak_mb": 100}\n')
     assert RunPrice(tmp_path).bytes() == 100 * mib  # nothing predicted: the measurement alone
+
+
+def test_available_memory_counts_a_cgroups_limit_below_the_machines(tmp_path):
+    from mutualrl.allocation.memory import available_bytes, machine_bytes, physical_bytes
+
+    mib = 2**20
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal: {physical_bytes() // 1024} kB\nMemAvailable: {8 * 1024 * 1024} kB\n")
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text(f"{1024 * mib}\n")
+    (v2 / "memory.current").write_text(f"{800 * mib}\n")
+    (v2 / "memory.stat").write_text(f"anon {600 * mib}\ninactive_file {100 * mib}\n")
+    # the container's limit (1 GiB) less what it uses (800 MiB) plus its reclaimable cache (100 MiB)
+    assert available_bytes(meminfo, v2) == 324 * mib and machine_bytes(v2) == 1024 * mib
+    (v2 / "memory.max").write_text("max\n")  # no limit: the machine's MemAvailable
+    assert available_bytes(meminfo, v2) == 8 * 2**30 and machine_bytes(v2) == physical_bytes()
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{2048 * mib}\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text(f"{1000 * mib}\n")
+    (v1 / "memory" / "memory.stat").write_text(f"total_inactive_file {24 * mib}\n")
+    assert available_bytes(meminfo, v1) == 1072 * mib and machine_bytes(v1) == 2048 * mib

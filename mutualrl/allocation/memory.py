@@ -228,12 +228,22 @@ def vllm_need(shape: ModelShape, rows: int, tokens: int) -> int:
     return int(shape.params * 2 + shape.kv_bytes_per_token() / 2 * rows * tokens)
 
 
-def machine_bytes() -> int:
+CGROUP = Path("/sys/fs/cgroup")
+"""Where a cgroup's memory files are (v2 at its root, v1 under ``memory/``)."""
+MEMINFO = Path("/proc/meminfo")
+
+
+def physical_bytes() -> int:
+    """The machine's physical RAM."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def machine_bytes(cgroup: Path = CGROUP) -> int:
     """The machine's RAM (cgroup limit when lower)."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    total = physical_bytes()
+    for path in (cgroup / "memory.max", cgroup / "memory" / "memory.limit_in_bytes"):
         try:
-            raw = Path(path).read_text().strip()
+            raw = path.read_text().strip()
         except OSError:
             continue
         if raw.isdigit() and 0 < int(raw) < total:
@@ -241,29 +251,29 @@ def machine_bytes() -> int:
     return total
 
 
-def available_bytes() -> int | None:
+def available_bytes(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> int | None:
     """What this machine can still give without swapping (``MemAvailable``; less, where a cgroup limit
-    leaves less: its limit minus its usage, reclaimable page cache not counted as used); None where
-    neither can be read (not Linux)."""
+    below the physical RAM leaves less: its limit minus its usage, reclaimable page cache not counted
+    as used); None where neither can be read (not Linux)."""
     have: list[int] = []
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in meminfo.read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 have.append(int(line.split()[1]) * 1024)
                 break
     except (OSError, ValueError, IndexError):
         pass
+    physical = physical_bytes()
     for limit_file, usage_file, stat_file, cache_key in (
             ("memory.max", "memory.current", "memory.stat", "inactive_file"),  # cgroup v2
             ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
              "total_inactive_file")):  # cgroup v1
-        root = Path("/sys/fs/cgroup")
         try:
-            limit = (root / limit_file).read_text().strip()
-            if not limit.isdigit() or int(limit) >= machine_bytes():
+            limit = (cgroup / limit_file).read_text().strip()
+            if not limit.isdigit() or int(limit) >= physical:  # "max", or no lower than the machine's
                 continue
-            used = int((root / usage_file).read_text().strip())
-            stat = dict(line.split() for line in (root / stat_file).read_text().splitlines() if line.count(" ") == 1)
+            used = int((cgroup / usage_file).read_text().strip())
+            stat = dict(line.split() for line in (cgroup / stat_file).read_text().splitlines() if line.count(" ") == 1)
             used -= int(stat.get(cache_key, 0))  # page cache the kernel reclaims before it kills anything
             have.append(int(limit) - used)
         except (OSError, ValueError):

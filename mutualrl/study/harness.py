@@ -312,7 +312,9 @@ class Study:
             why = (f"{gib(have)} available now" if short_now and need <= (1 - MEMORY_FLOOR) * total else
                    f"{len(running) + 1} runs at once would need {gib(need)} of {gib(total)}")
             self.say(f"memory: {arm.name} waits for one of the {len(running)} run(s) going to end: priced at "
-                     f"{gib(nxt)} (MWRA's predicted peak, or the measured one where larger), {why}")
+                     f"{gib(nxt)} (MWRA's predicted peak, or the measured one where larger), {why}; each run "
+                     f"keeps the {max(1, (os.cpu_count() or 1) // max(1, self.jobs))} torch thread(s) of "
+                     f"{self.jobs} jobs (a lower --jobs gives a run more cores)")
         return False
 
     def _launch(self, arm: Arm, seed: int, d: Path, resume: bool, threads: int) -> _Running:
