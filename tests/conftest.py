@@ -30,6 +30,7 @@ SERIAL = {
     "test_export.py", "test_eval_model.py",  # vLLM in this process; they share trained_zoo_run, built once
     # single tests of other modules (module.py::test)
     "test_strategy_shape.py::test_user_steps_register_in_worker_processes_through_sharing_modules",
+    "test_study_memory.py::test_a_process_trees_resident_bytes_count_its_children",
 }
 """What ``./run tests`` runs in its second pass, one test at a time: the tests that start processes
 (the local scheduler's workers, ranks, zoo builders), Ray or vLLM, or that wait on a timeout. Its first
