@@ -309,33 +309,6 @@ class MemoryPlanError(UserError):
             f"can give it {gib(have)}. Levers: {levers}, or a larger machine/GPU.")
 
 
-def process_tree_rss(pid: int) -> int | None:
-    """The resident bytes of process ``pid`` and every process below it (``VmRSS`` from ``/proc``); None
-    where ``pid`` cannot be read (gone, or not Linux). A child that ends while it is read counts 0."""
-    total, seen, todo = 0, set(), [pid]
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            status = Path(f"/proc/{p}/status").read_text()
-        except OSError:
-            if p == pid:
-                return None
-            continue
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                total += int(line.split()[1]) * 1024
-                break
-        try:
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-        except (OSError, ValueError):
-            pass
-    return total
-
-
 def gib(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f} GiB"
 
@@ -377,19 +350,46 @@ def check_fits(policy: str, price_: MemoryPrice, allowance: int, budget: int | s
 
 
 # ----------------------------------------------------------------------------- measuring
-def _status_bytes(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
+def _status_bytes(key: str, pid: int | str = "self") -> int:
+    """A size from ``/proc/<pid>/status`` (OSError where it cannot be read, KeyError where it lacks
+    ``key``: a zombie has no resident set)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
-    raise OSError(f"no {key} in /proc/self/status")
+    raise KeyError(f"no {key} in /proc/{pid}/status")
 
 
 def process_peak_bytes() -> int:
     """This process's peak resident set (``VmHWM``; ``ru_maxrss`` where there is no /proc)."""
     try:
         return _status_bytes("VmHWM")
-    except OSError:
+    except (OSError, KeyError):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def process_tree_rss(pid: int) -> int | None:
+    """The resident bytes of process ``pid`` and every process below it (``VmRSS`` from ``/proc``); None
+    where ``pid`` cannot be read (gone, or not Linux). A child that ends while it is read counts 0."""
+    total, seen, todo = 0, set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            total += _status_bytes("VmRSS", p)
+        except KeyError:  # no resident set (a zombie): nothing held
+            pass
+        except OSError:
+            if p == pid:
+                return None
+            continue
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+        except (OSError, ValueError):
+            pass
+    return total
 
 
 def reset_process_peak() -> bool:

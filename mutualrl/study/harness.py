@@ -16,8 +16,9 @@ study's JSON (:meth:`Study.write`) is aggregated from those files alone
 (:func:`mutualrl.study.aggregate.aggregate`), so every figure can be traced and recomputed.
 
 Runs go up to ``jobs`` at a time, as many as their memory prices let fit (:meth:`Study.run`), each in
-its own process (``python -m mutualrl.study.one``; torch threads = cores / jobs); ``reuse`` keeps finished runs whose config is unchanged (a run directory's summary,
-or a committed record when the run directories are gone) and resumes interrupted ones.
+its own process (``python -m mutualrl.study.one``; torch threads = cores / jobs); ``reuse`` keeps
+finished runs whose config is unchanged (a run directory's summary, or a committed record when the run
+directories are gone) and resumes interrupted ones.
 """
 
 from __future__ import annotations
@@ -67,10 +68,10 @@ budget)."""
 
 
 MEMORY_FLOOR = 0.08
-"""The share of the machine's RAM a study keeps free of its runs: another run starts only where the runs'
-memory prices leave it (:meth:`Study._room_for_another`), and while several runs go at once, below it
-available the study stops its youngest run (it resumes later, one fewer at once) before the kernel's OOM killer
-picks one. A sudden jump passes it before a poll sees it: two real-model runs of
+"""The share of the machine's RAM a study keeps free of its runs: another run starts only where the
+runs' memory prices leave it (:meth:`Study._room_for_another`), and while several runs go at once,
+below it available the study stops its youngest run (it resumes later, one fewer at once) before the
+kernel's OOM killer picks one. A sudden jump passes it before a poll sees it: two real-model runs of
 ``benchmarks/mutual_real_small.py`` hold ~8 GiB each until Gemma-3's first update (its few successes can
 delay it past the middle of a run) allocates its gradients and optimizer state, ~12 GiB after: two
 such jumps pass a 24 GB machine, and the OOM killer's SIGKILL is then what the study answers."""
@@ -247,9 +248,8 @@ class Study:
         (their first step: MWRA's predicted peak, or the measured one where larger;
         :mod:`mutualrl.study.run_price`) and the next fits beside them, priced at what its arm's runs
         reached (or the largest price seen), with :data:`MEMORY_FLOOR` of the RAM left over; otherwise
-        it waits for one to end
-        (:meth:`_room_for_another`). Two real-model runs priced at 14 GiB never start together on a
-        24 GB machine, whatever ``jobs`` says."""
+        it waits for one to end (:meth:`_room_for_another`). Two real-model runs priced at 14 GiB never
+        start together on a 24 GB machine, whatever ``jobs`` says."""
         from mutualrl.run.checkpoint import latest_checkpoint
 
         queue: deque[tuple[Arm, int, Path, bool]] = deque()
@@ -257,7 +257,7 @@ class Study:
             prepared = self._prepare(arm, seed)
             if prepared is not None:
                 queue.append((arm, seed, *prepared))
-        threads = max(1, (os.cpu_count() or 1) // max(1, self.jobs))
+        threads = self._threads()
         running: list[_Running] = []
         while queue or running:
             if queue and len(running) < self._at_once() and self._room_for_another(running, queue[0][0]):
@@ -282,12 +282,21 @@ class Study:
         at_once = max(1, min(self.parallel or self.jobs, self.jobs))
         return at_once if self._memory_cap is None else max(1, min(at_once, self._memory_cap))
 
+    def _threads(self) -> int:
+        """Each run's torch threads: the cores shared over ``jobs``."""
+        return max(1, (os.cpu_count() or 1) // max(1, self.jobs))
+
+    def _saw_price(self, arm: Arm, price: int) -> None:
+        """Keep the largest memory price ``arm``'s runs reached (what its next run is priced at)."""
+        self._prices[arm.name] = max(self._prices.get(arm.name, 0), price)
+
     def _room_for_another(self, running: list[_Running], arm: Arm) -> bool:
         """Whether a run of ``arm`` fits in memory beside ``running``. Each run going is priced
         (:class:`RunPrice`); the next at the largest price its arm's runs reached in this study, or,
         before any has, the largest any run reached. Together they must stay under ``1 - MEMORY_FLOOR``
         of the machine's RAM, and its price must be available now beside that floor once the runs going
-        have grown to their prices (other processes count). False while a run going has not priced itself yet (its first step has not landed)."""
+        have grown to their prices (other processes count). False while a run going has not priced
+        itself yet (its first step has not landed)."""
         if not running:
             return True
         prices = []
@@ -295,7 +304,7 @@ class Study:
             p = r.price.bytes() if r.price is not None else 0
             if p is None:
                 return False
-            self._prices[r.arm.name] = max(self._prices.get(r.arm.name, 0), p)
+            self._saw_price(r.arm, p)
             prices.append(p)
         nxt = self._prices.get(arm.name, max(self._prices.values(), default=0))
         total, have = machine_bytes(), available_bytes()
@@ -313,7 +322,7 @@ class Study:
                    f"{len(running) + 1} runs at once would need {gib(need)} of {gib(total)}")
             self.say(f"memory: {arm.name} waits for one of the {len(running)} run(s) going to end: priced at "
                      f"{gib(nxt)} (MWRA's predicted peak, or the measured one where larger), {why}; each run "
-                     f"keeps the {max(1, (os.cpu_count() or 1) // max(1, self.jobs))} torch thread(s) of "
+                     f"keeps the {self._threads()} torch thread(s) of "
                      f"{self.jobs} jobs (a lower --jobs gives a run more cores)")
         return False
 
@@ -383,7 +392,7 @@ class Study:
             else:
                 price = r.price.bytes() if r.price is not None else None
                 if price is not None:  # what a later run of its arm is priced at
-                    self._prices[r.arm.name] = max(self._prices.get(r.arm.name, 0), price)
+                    self._saw_price(r.arm, price)
                 self._record(r.run_dir)
                 self._trained.add(r.run_dir)
                 if not self.keep_checkpoints:  # the record is what the study reads; a real model's are GBs
